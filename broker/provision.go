@@ -1,0 +1,298 @@
+package broker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// InboxIDMetadata is the inbox stream metadata key holding its identity. A
+// SessionEntry's committed_seq is only meaningful for the inbox id stored
+// beside it.
+const InboxIDMetadata = "fleet_inbox_id"
+
+// ProvisionConfig sizes the streams, buckets and consumers of a fleet.
+type ProvisionConfig struct {
+	Names Names
+	// Replicas for every stream and bucket: 1, 3 or 5. Defaults to 1.
+	Replicas int
+	// LeaseTTL is the lane lease TTL; the workers consumer's AckWait is at
+	// least this. Defaults to 15s.
+	LeaseTTL time.Duration
+	// MaxAckPending of the workers consumer. Defaults to 10000.
+	MaxAckPending int
+	// MsgIDTTL is how long platform message ids are remembered. Defaults to 7 days.
+	MsgIDTTL time.Duration
+	// Duplicates is the inbox stream's Msg-Id window. Defaults to 10m.
+	Duplicates time.Duration
+	// EventMaxAge bounds lifecycle events. Defaults to 30 days.
+	EventMaxAge time.Duration
+}
+
+func (c *ProvisionConfig) withDefaults() ProvisionConfig {
+	out := *c
+	if out.Names.prefix == "" {
+		out.Names = MustNames(DefaultPrefix)
+	}
+	if out.Replicas == 0 {
+		out.Replicas = 1
+	}
+	if out.LeaseTTL == 0 {
+		out.LeaseTTL = 15 * time.Second
+	}
+	if out.MaxAckPending == 0 {
+		out.MaxAckPending = 10000
+	}
+	if out.MsgIDTTL == 0 {
+		out.MsgIDTTL = 7 * 24 * time.Hour
+	}
+	if out.Duplicates == 0 {
+		out.Duplicates = 10 * time.Minute
+	}
+	if out.EventMaxAge == 0 {
+		out.EventMaxAge = 30 * 24 * time.Hour
+	}
+	return out
+}
+
+// WorkersAckWait is the AckWait of the workers consumer for a lease TTL: a
+// held delivery is redelivered a little after its owner's lease would expire.
+// An owner sends InProgress for its held deliveries right after each lease
+// renewal, so a delivery of a dead owner comes back AckWait after the last
+// renewal: half a second after the lease ran out, which bounds the
+// take-over of a crashed worker's lanes by TTL + 0.5 s.
+func WorkersAckWait(leaseTTL time.Duration) time.Duration { return leaseTTL + 500*time.Millisecond }
+
+// Resources are the provisioned handles.
+type Resources struct {
+	// JS is the JetStream context the resources were opened with.
+	JS          jetstream.JetStream
+	Inbox       jetstream.Stream
+	Transcripts jetstream.Stream
+	Outbox      jetstream.Stream
+	Events      jetstream.Stream
+	InboxID     string
+	Sessions    jetstream.KeyValue
+	SessionIDs  jetstream.KeyValue
+	Leases      jetstream.KeyValue
+	MsgIDs      jetstream.KeyValue
+	Delivered   jetstream.KeyValue
+	Workers     jetstream.KeyValue
+	Consumer    jetstream.Consumer
+}
+
+// Provision creates or updates every stream, bucket and the workers consumer
+// of a fleet. It is idempotent and safe to run from every process at start.
+func Provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) (*Resources, error) {
+	c := pc.withDefaults()
+	n := c.Names
+	if c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5 {
+		return nil, fmt.Errorf("provision: replicas %d: want 1, 3 or 5", c.Replicas)
+	}
+	r := &Resources{JS: js}
+	var err error
+
+	inboxCfg := jetstream.StreamConfig{
+		Name:        n.InboxStream(),
+		Description: "agentfleet inbox: every accepted message and command, by lane",
+		Subjects:    []string{n.InboxWildcard()},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.Replicas,
+		Duplicates:  c.Duplicates,
+		AllowDirect: true,
+		// Hints for lane owners, sent only once a message is stored (a core
+		// subscription on the inbox subject itself can fire before that).
+		// They carry the message: with the Nats-Last-Sequence the server
+		// adds (the subject's previous seq), an owner reads its lane's new
+		// messages from the hints, without a direct get.
+		RePublish: &jetstream.RePublish{Source: n.InboxWildcard(), Destination: n.HintWildcard()},
+	}
+	if r.Inbox, r.InboxID, err = ensureInbox(ctx, js, inboxCfg); err != nil {
+		return nil, err
+	}
+	if r.Transcripts, err = ensureStream(ctx, js, jetstream.StreamConfig{
+		Name:        n.TranscriptStream(),
+		Description: "agentfleet transcripts: one subject per session id",
+		Subjects:    []string{n.TranscriptWildcard()},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.Replicas,
+		Duplicates:  2 * time.Minute,
+		AllowDirect: true,
+	}); err != nil {
+		return nil, err
+	}
+	if r.Outbox, err = ensureStream(ctx, js, jetstream.StreamConfig{
+		Name:        n.OutboxStream(),
+		Description: "agentfleet replies to deliver, and per-lane mailboxes of delivered replies",
+		Subjects:    []string{n.OutboxWildcard(), n.BoxWildcard()},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.Replicas,
+		Duplicates:  c.Duplicates,
+		AllowDirect: true,
+	}); err != nil {
+		return nil, err
+	}
+	if r.Events, err = ensureStream(ctx, js, jetstream.StreamConfig{
+		Name:        n.EventStream(),
+		Description: "agentfleet lifecycle events and dead letters",
+		Subjects:    []string{n.EventWildcard(), n.DeadLetterWildcard()},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.Replicas,
+		MaxAge:      c.EventMaxAge,
+		Duplicates:  2 * time.Minute,
+		AllowDirect: true,
+	}); err != nil {
+		return nil, err
+	}
+
+	kvs := []struct {
+		dst *jetstream.KeyValue
+		cfg jetstream.KeyValueConfig
+	}{
+		{&r.Sessions, jetstream.KeyValueConfig{Bucket: n.SessionsBucket(), Description: "lane -> SessionEntry", History: 1}},
+		{&r.SessionIDs, jetstream.KeyValueConfig{Bucket: n.SessionIDsBucket(), Description: "session id -> lane", History: 1}},
+		{&r.Leases, jetstream.KeyValueConfig{Bucket: n.LeasesBucket(), Description: "lane leases (per-key TTL)", History: 1, LimitMarkerTTL: time.Second}},
+		{&r.MsgIDs, jetstream.KeyValueConfig{Bucket: n.MsgIDsBucket(), Description: "platform message id -> inbox seq", History: 1, TTL: c.MsgIDTTL}},
+		{&r.Delivered, jetstream.KeyValueConfig{Bucket: n.DeliveredBucket(), Description: "delivered reply ids", History: 1, TTL: c.MsgIDTTL}},
+		{&r.Workers, jetstream.KeyValueConfig{Bucket: n.WorkersBucket(), Description: "worker registry (per-key TTL heartbeats)", History: 1, LimitMarkerTTL: time.Second}},
+	}
+	for _, k := range kvs {
+		k.cfg.Storage = jetstream.FileStorage
+		k.cfg.Replicas = c.Replicas
+		kv, err := js.CreateOrUpdateKeyValue(ctx, k.cfg)
+		if err != nil {
+			return nil, fmt.Errorf("provision bucket %s: %w", k.cfg.Bucket, err)
+		}
+		*k.dst = kv
+	}
+
+	want := WorkersConsumerConfig(n, c.LeaseTTL, c.MaxAckPending, c.Replicas)
+	cons, err := r.Inbox.CreateOrUpdateConsumer(ctx, want)
+	if err != nil {
+		return nil, fmt.Errorf("provision consumer %s: %w", want.Durable, err)
+	}
+	if err := AssertWorkersConsumer(ctx, cons, c.LeaseTTL); err != nil {
+		return nil, err
+	}
+	r.Consumer = cons
+	return r, nil
+}
+
+// WorkersConsumerConfig is the configuration of the shared workers consumer:
+// explicit acks, never terminated (dead letters come from the lane protocol),
+// no BackOff, AckWait above the lease TTL.
+func WorkersConsumerConfig(n Names, leaseTTL time.Duration, maxAckPending, replicas int) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       n.WorkersConsumer(),
+		Description:   "agentfleet workers: wake-ups for lanes",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       WorkersAckWait(leaseTTL),
+		MaxDeliver:    -1,
+		MaxAckPending: maxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		FilterSubject: n.InboxWildcard(),
+		Replicas:      replicas,
+		MaxWaiting:    512,
+	}
+}
+
+// AssertWorkersConsumer checks the settings the lane protocol relies on.
+func AssertWorkersConsumer(ctx context.Context, cons jetstream.Consumer, leaseTTL time.Duration) error {
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("workers consumer info: %w", err)
+	}
+	cfg := info.Config
+	var errs []error
+	if cfg.AckPolicy != jetstream.AckExplicitPolicy {
+		errs = append(errs, fmt.Errorf("ack policy is %s, want explicit", cfg.AckPolicy))
+	}
+	if cfg.MaxDeliver != -1 {
+		errs = append(errs, fmt.Errorf("max deliver is %d, want -1", cfg.MaxDeliver))
+	}
+	if len(cfg.BackOff) != 0 {
+		errs = append(errs, fmt.Errorf("backoff is %v, want none", cfg.BackOff))
+	}
+	if cfg.AckWait < leaseTTL {
+		errs = append(errs, fmt.Errorf("ack wait %s is below the lease ttl %s", cfg.AckWait, leaseTTL))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("workers consumer %s: %w", cfg.Durable, errors.Join(errs...))
+	}
+	return nil
+}
+
+func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	s, err := js.CreateOrUpdateStream(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("provision stream %s: %w", cfg.Name, err)
+	}
+	return s, nil
+}
+
+// ensureInbox creates the inbox stream with a fresh identity, or updates it
+// keeping the identity it has. Two processes racing to create it agree on
+// one identity: the loser of the create re-reads the winner's.
+func ensureInbox(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, string, error) {
+	for attempt := 0; attempt < 5; attempt++ {
+		s, err := js.Stream(ctx, cfg.Name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			var b [16]byte
+			if _, err := rand.Read(b[:]); err != nil {
+				return nil, "", err
+			}
+			id := hex.EncodeToString(b[:])
+			create := cfg
+			create.Metadata = map[string]string{InboxIDMetadata: id}
+			s, err = js.CreateStream(ctx, create)
+			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+				continue
+			}
+			if err != nil {
+				return nil, "", fmt.Errorf("provision stream %s: %w", cfg.Name, err)
+			}
+			return s, id, nil
+		}
+		if err != nil {
+			return nil, "", fmt.Errorf("provision stream %s: %w", cfg.Name, err)
+		}
+		id := s.CachedInfo().Config.Metadata[InboxIDMetadata]
+		if id == "" {
+			var b [16]byte
+			if _, err := rand.Read(b[:]); err != nil {
+				return nil, "", err
+			}
+			id = hex.EncodeToString(b[:])
+		}
+		update := cfg
+		update.Metadata = map[string]string{InboxIDMetadata: id}
+		s, err = js.UpdateStream(ctx, update)
+		if err != nil {
+			return nil, "", fmt.Errorf("provision stream %s: %w", cfg.Name, err)
+		}
+		return s, id, nil
+	}
+	return nil, "", fmt.Errorf("provision stream %s: could not settle its identity", cfg.Name)
+}
+
+// InboxID reads the identity of an existing inbox stream.
+func InboxID(ctx context.Context, s jetstream.Stream) (string, error) {
+	info, err := s.Info(ctx)
+	if err != nil {
+		return "", err
+	}
+	id := info.Config.Metadata[InboxIDMetadata]
+	if id == "" {
+		return "", errors.New("inbox stream has no identity metadata; run provisioning")
+	}
+	return id, nil
+}

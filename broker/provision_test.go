@@ -1,0 +1,167 @@
+package broker_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/test/natstest"
+)
+
+func TestProvisionIdempotentAndConcurrent(t *testing.T) {
+	srv := natstest.RunServer(t)
+	names := broker.MustNames("acme")
+	var wg sync.WaitGroup
+	ids := make([]string, 4)
+	errs := make([]error, 4)
+	for i := range ids {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			nc := srv.Connect(t)
+			js := natstest.JetStream(t, nc)
+			res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: 4 * time.Second})
+			errs[i] = err
+			if err == nil {
+				ids[i] = res.InboxID
+			}
+		}(i)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("provision %d: %v", i, err)
+		}
+	}
+	for i := range ids {
+		if ids[i] == "" || ids[i] != ids[0] {
+			t.Fatalf("concurrent provisioning disagreed on the inbox identity: %v", ids)
+		}
+	}
+	// Again, sequentially: same identity, same settings.
+	nc := srv.Connect(t)
+	js := natstest.JetStream(t, nc)
+	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: 4 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := res.InboxID, ids[0]; got != want {
+		t.Fatalf("inbox id %s, want %s", got, want)
+	}
+	for _, s := range []string{"ACME_IN", "ACME_TX", "ACME_OUT", "ACME_EV"} {
+		if _, err := js.Stream(t.Context(), s); err != nil {
+			t.Errorf("stream %s: %v", s, err)
+		}
+	}
+	for _, b := range []string{"acme_sessions", "acme_sessionids", "acme_leases", "acme_msgids", "acme_delivered", "acme_workers"} {
+		if _, err := js.KeyValue(t.Context(), b); err != nil {
+			t.Errorf("bucket %s: %v", b, err)
+		}
+	}
+	info, err := res.Consumer.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.MaxDeliver != -1 || info.Config.AckPolicy != jetstream.AckExplicitPolicy || info.Config.AckWait < 4*time.Second || len(info.Config.BackOff) != 0 {
+		t.Fatalf("workers consumer config %+v", info.Config)
+	}
+}
+
+func TestAssertWorkersConsumerRejectsBadSettings(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := srv.Connect(t)
+	js := natstest.JetStream(t, nc)
+	names := broker.MustNames("fleet")
+	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Someone "tunes" the consumer behind our back.
+	cfg := broker.WorkersConsumerConfig(names, 15*time.Second, 100, 1)
+	cfg.MaxDeliver = 5
+	cfg.AckWait = time.Second
+	cons, err := res.Inbox.UpdateConsumer(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = broker.AssertWorkersConsumer(t.Context(), cons, 15*time.Second)
+	if err == nil {
+		t.Fatal("a consumer with MaxDeliver 5 and AckWait 1s passed the assertion")
+	}
+	t.Log(err)
+}
+
+func TestProvisionRejectsBadReplicas(t *testing.T) {
+	srv := natstest.RunServer(t)
+	js := natstest.JetStream(t, srv.Connect(t))
+	if _, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Replicas: 2}); err == nil {
+		t.Fatal("replicas 2 accepted")
+	}
+}
+
+func TestProvisionR3OnCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	c := natstest.RunCluster(t, 3)
+	nc := c.Connect(t)
+	js := natstest.JetStream(t, nc)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	var res *broker.Resources
+	natstest.WaitFor(t, 30*time.Second, "R3 provisioning", func() error {
+		var err error
+		res, err = broker.Provision(ctx, js, broker.ProvisionConfig{Replicas: 3})
+		return err
+	})
+	info, err := res.Inbox.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := info.Config.Replicas, 3; got != want {
+		t.Fatalf("inbox replicas %d, want %d", got, want)
+	}
+	st, err := res.Sessions.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if si := st.(*jetstream.KeyValueBucketStatus).StreamInfo(); si.Config.Replicas != 3 {
+		t.Fatalf("sessions bucket replicas %d", si.Config.Replicas)
+	}
+}
+
+func TestEmbeddedServerSyncPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		always  bool
+		every   time.Duration
+		wantErr bool
+	}{
+		{"", false, 0, false}, {"default", false, 0, false}, {"always", true, 0, false}, {"10s", false, 10 * time.Second, false},
+		{"sometimes", false, 0, true}, {"-1s", false, 0, true},
+	} {
+		always, every, err := broker.ParseSync(tc.in)
+		if (err != nil) != tc.wantErr || always != tc.always || every != tc.every {
+			t.Errorf("ParseSync(%q) = %v %v %v", tc.in, always, every, err)
+		}
+	}
+	dir := t.TempDir()
+	s, err := broker.StartServer(broker.ServerConfig{DataDir: dir, Sync: "always"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	nc, err := broker.Connect(broker.ConnectConfig{InProcess: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{}); err != nil {
+		t.Fatal(err)
+	}
+}

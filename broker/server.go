@@ -1,0 +1,141 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// ServerConfig configures an embedded nats-server with JetStream.
+type ServerConfig struct {
+	// Name is the server name. Defaults to "agentfleet-<hostname>".
+	Name string
+	// DataDir holds the JetStream file store. Required.
+	DataDir string
+	// Listen is host:port of a client listener for other processes and the
+	// nats CLI. Empty means in-process connections only.
+	Listen string
+	// Sync is the fsync policy: "default" (the server's interval, 2m),
+	// "always" (fsync every write) or a duration such as "10s".
+	Sync string
+	// ClusterName, ClusterListen and Routes make the node a member of a
+	// cluster. Routes are nats-route URLs; listing the node itself is fine.
+	ClusterName   string
+	ClusterListen string
+	Routes        []string
+	// Debug enables the server's own log on stderr.
+	Debug bool
+}
+
+// ParseSync validates a sync policy and returns (always, interval).
+func ParseSync(s string) (bool, time.Duration, error) {
+	switch s {
+	case "", "default":
+		return false, 0, nil
+	case "always":
+		return true, 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return false, 0, fmt.Errorf("sync %q: want \"default\", \"always\" or a positive duration", s)
+	}
+	return false, d, nil
+}
+
+func splitHostPort(addr string) (string, int, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, fmt.Errorf("address %q: %w", addr, err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < -1 || p > 65535 {
+		return "", 0, fmt.Errorf("address %q: bad port", addr)
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	return host, p, nil
+}
+
+// StartServer starts an embedded nats-server and waits until it accepts
+// connections and, when clustered, until JetStream has a meta leader.
+func StartServer(cfg ServerConfig) (*server.Server, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("embedded server: data dir is required")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("embedded server: %w", err)
+	}
+	name := cfg.Name
+	if name == "" {
+		h, _ := os.Hostname()
+		name = "agentfleet-" + strings.ReplaceAll(h, ".", "-")
+	}
+	opts := &server.Options{
+		ServerName: name,
+		JetStream:  true,
+		StoreDir:   cfg.DataDir,
+		NoSigs:     true,
+		NoLog:      !cfg.Debug,
+		Debug:      false,
+	}
+	always, interval, err := ParseSync(cfg.Sync)
+	if err != nil {
+		return nil, err
+	}
+	opts.SyncAlways = always
+	opts.SyncInterval = interval
+	if cfg.Listen == "" {
+		opts.DontListen = true
+	} else {
+		host, port, err := splitHostPort(cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("embedded server: listen: %w", err)
+		}
+		if port == 0 {
+			port = -1 // nats-server reads 0 as its default 4222; -1 picks a free port
+		}
+		opts.Host, opts.Port = host, port
+	}
+	if cfg.ClusterName != "" || cfg.ClusterListen != "" {
+		if cfg.ClusterName == "" || cfg.ClusterListen == "" {
+			return nil, errors.New("embedded server: cluster needs both a name and a listen address")
+		}
+		host, port, err := splitHostPort(cfg.ClusterListen)
+		if err != nil {
+			return nil, fmt.Errorf("embedded server: cluster listen: %w", err)
+		}
+		opts.Cluster = server.ClusterOpts{Name: cfg.ClusterName, Host: host, Port: port}
+		for _, r := range cfg.Routes {
+			r = strings.TrimSpace(r)
+			if r == "" {
+				continue
+			}
+			u, err := url.Parse(r)
+			if err != nil || u.Host == "" {
+				return nil, fmt.Errorf("embedded server: route %q is not a URL like nats-route://host:port", r)
+			}
+			opts.Routes = append(opts.Routes, u)
+		}
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded server: %w", err)
+	}
+	if cfg.Debug {
+		s.ConfigureLogger()
+	}
+	go s.Start()
+	if !s.ReadyForConnections(30 * time.Second) {
+		s.Shutdown()
+		return nil, errors.New("embedded server: not ready for connections after 30s")
+	}
+	return s, nil
+}

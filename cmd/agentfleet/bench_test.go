@@ -1,0 +1,75 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/agentfleet/agentfleet/bench"
+)
+
+func TestBenchFlags(t *testing.T) {
+	s, err := parseScenarios("throughput, floor,throughput")
+	if err != nil || !slices.Equal(s, []string{"floor", "throughput"}) {
+		t.Fatalf("parseScenarios: %v %v", s, err)
+	}
+	if s, _ := parseScenarios("all"); !slices.Equal(s, benchScenarios) {
+		t.Fatalf("all: %v", s)
+	}
+	if _, err := parseScenarios("floor,bogus"); err == nil || !strings.Contains(err.Error(), "bogus") {
+		t.Fatalf("unknown scenario: %v", err)
+	}
+	n, err := parseInts("sessions", "1k,100k,1M,7")
+	if err != nil || !slices.Equal(n, []int{1000, 100000, 1000000, 7}) {
+		t.Fatalf("parseInts: %v %v", n, err)
+	}
+	if _, err := parseInts("lanes", "1,-2"); err == nil {
+		t.Fatal("a negative lane count was accepted")
+	}
+	err = newApp().Run([]string{"agentfleet", "bench", "--scenario", "takeover", "--nats-url", "nats://127.0.0.1:1", "--ingress-url", "http://127.0.0.1:1"})
+	if err == nil || !strings.Contains(err.Error(), "takeover") {
+		t.Fatalf("takeover against a running fleet: %v", err)
+	}
+}
+
+// TestBenchFloorJSON runs the quickest scenario end to end through the
+// command: one JSON document, and the Markdown section written.
+func TestBenchFloorJSON(t *testing.T) {
+	var out bytes.Buffer
+	benchStdout = &out
+	defer func() { benchStdout = os.Stdout }()
+	md := filepath.Join(t.TempDir(), "bench.md")
+	err := newApp().Run([]string{"agentfleet", "bench", "--scenario", "floor", "--lanes", "2", "--duration", "300ms",
+		"--warmup", "1", "--json", "--quiet", "--out", md, "--data", t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("not one JSON document: %v\n%s", err, out.String())
+	}
+	if len(rep.Floors) != 1 || rep.Floors[0].Turns == 0 || rep.Floors[0].Lanes != 2 {
+		t.Fatalf("floor results: %+v", rep.Floors)
+	}
+	b, err := os.ReadFile(md)
+	if err != nil || !strings.Contains(string(b), "<!-- BEGIN bench:floor") || !strings.Contains(string(b), "<!-- BEGIN bench:machine") {
+		t.Fatalf("markdown: %v\n%s", err, b)
+	}
+
+	// The saved report renders again without measuring.
+	saved := filepath.Join(t.TempDir(), "report.json")
+	if err := os.WriteFile(saved, out.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := newApp().Run([]string{"agentfleet", "bench", "--report", saved}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "== floor") {
+		t.Fatalf("re-rendered report:\n%s", out.String())
+	}
+}

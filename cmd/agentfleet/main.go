@@ -1,0 +1,104 @@
+// Command agentfleet runs the roles of an agentfleet deployment: everything
+// in one process on an embedded NATS server (up), a plain NATS node (nats),
+// workers, ingress and the indexer.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/agentfleet/agentfleet/config"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "0.1.0-dev"
+
+func main() {
+	if err := newApp().Run(os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "agentfleet:", err)
+		os.Exit(1)
+	}
+}
+
+func newApp() *cli.App {
+	return &cli.App{
+		Name:    "agentfleet",
+		Usage:   "the session runtime between chat platforms and LLM agents, on NATS JetStream",
+		Version: version,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "YAML configuration `FILE`", EnvVars: []string{"AGENTFLEET_CONFIG"}},
+			&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error (telemetry.log_level)"},
+			&cli.StringFlag{Name: "log-format", Usage: "text or json (telemetry.log_format)"},
+		},
+		Commands: []*cli.Command{upCommand(), natsCommand(), workerCommand(), ingressCommand(), benchCommand()},
+	}
+}
+
+// loadConfig reads the configuration with the precedence flag > env > file >
+// default. flagKeys maps command flags to configuration paths.
+func loadConfig(c *cli.Context, flagKeys map[string]string) (config.Config, error) {
+	cfg, err := config.Load(c.String("config"), os.LookupEnv)
+	if err != nil {
+		return cfg, err
+	}
+	set := func(flag, path string) error {
+		if !c.IsSet(flag) {
+			return nil
+		}
+		return cfg.Set(path, c.String(flag))
+	}
+	var errs []error
+	for flag, path := range map[string]string{"log-level": "telemetry.log_level", "log-format": "telemetry.log_format"} {
+		errs = append(errs, set(flag, path))
+	}
+	for flag, path := range flagKeys {
+		errs = append(errs, set(flag, path))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
+}
+
+func newLogger(cfg config.Config, role string) *slog.Logger {
+	level := slog.LevelInfo
+	switch strings.ToLower(cfg.Telemetry.LogLevel) {
+	case "debug":
+		level = slog.LevelDebug
+	case "warn":
+		level = slog.LevelWarn
+	case "error":
+		level = slog.LevelError
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewTextHandler(os.Stderr, opts)
+	if cfg.Telemetry.LogFormat == "json" {
+		h = slog.NewJSONHandler(os.Stderr, opts)
+	}
+	return slog.New(h).With("role", role)
+}
+
+// signalContext is cancelled by the first SIGINT or SIGTERM; a second one
+// exits the process at once.
+func signalContext(log *slog.Logger) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		sig := <-ch
+		log.Info("stopping; a second signal exits at once", "signal", sig.String())
+		cancel()
+		sig = <-ch
+		log.Warn("second signal: exiting now", "signal", sig.String())
+		os.Exit(130)
+	}()
+	return ctx, func() { signal.Stop(ch); cancel() }
+}

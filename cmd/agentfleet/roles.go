@@ -1,0 +1,420 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/urfave/cli/v2"
+
+	"github.com/agentfleet/agentfleet/agent/echo"
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/config"
+	"github.com/agentfleet/agentfleet/ingress"
+	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+// runtime is the wiring shared by the roles.
+type runtime struct {
+	cfg   config.Config
+	log   *slog.Logger
+	names broker.Names
+	srv   *server.Server // embedded server, when this process runs one
+	conns []*nats.Conn
+}
+
+func newRuntime(cfg config.Config, log *slog.Logger) (*runtime, error) {
+	names, err := broker.NewNames(cfg.NATS.Prefix)
+	if err != nil {
+		return nil, err
+	}
+	return &runtime{cfg: cfg, log: log, names: names}, nil
+}
+
+// connect opens a connection to the embedded server or to NATS_URL.
+func (rt *runtime) connect(name string) (*nats.Conn, jetstream.JetStream, error) {
+	cc := broker.ConnectConfig{
+		URL: rt.cfg.NATS.URL, InProcess: rt.srv, Name: name,
+		User: rt.cfg.NATS.User, Password: rt.cfg.NATS.Password, Token: rt.cfg.NATS.Token, Creds: rt.cfg.NATS.Creds,
+		TLSCA: rt.cfg.NATS.TLS.CA, TLSCert: rt.cfg.NATS.TLS.Cert, TLSKey: rt.cfg.NATS.TLS.Key, TLSInsecure: rt.cfg.NATS.TLS.InsecureSkipVerify,
+		Timeout: rt.cfg.NATS.ConnectTimeout.Duration(), Logger: rt.log,
+	}
+	nc, err := broker.Connect(cc)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	rt.conns = append(rt.conns, nc)
+	return nc, js, nil
+}
+
+func (rt *runtime) provision(ctx context.Context, js jetstream.JetStream) (*broker.Resources, error) {
+	var res *broker.Resources
+	var err error
+	// A cluster may still be electing its meta leader: retry for a while.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res, err = broker.Provision(ctx, js, broker.ProvisionConfig{
+			Names: rt.names, Replicas: rt.cfg.NATS.Replicas, LeaseTTL: rt.cfg.Lease.TTL.Duration(),
+		})
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return res, err
+		}
+		rt.log.Warn("provisioning failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func (rt *runtime) close() {
+	for _, nc := range rt.conns {
+		_ = nc.Drain()
+	}
+	for _, nc := range rt.conns {
+		for i := 0; i < 200 && !nc.IsClosed(); i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+		nc.Close()
+	}
+	if rt.srv != nil {
+		rt.srv.Shutdown()
+		rt.srv.WaitForShutdown()
+	}
+}
+
+func backend(cfg config.Config, allowCrash bool) (worker.Backend, error) {
+	switch cfg.Agent.Name {
+	case "", "echo":
+		return echo.Backend(echo.Options{AllowCrash: allowCrash || cfg.Agent.AllowCrash}), nil
+	}
+	return nil, fmt.Errorf("agent %q: unknown agent backend (available: echo)", cfg.Agent.Name)
+}
+
+func (rt *runtime) workerConfig(id string, b worker.Backend, restart bool) worker.Config {
+	c := rt.cfg
+	var wa *session.WhatsAppResolver
+	if c.WhatsApp.MappingDir != "" {
+		wa = session.NewWhatsAppResolver(c.WhatsApp.MappingDir)
+	}
+	keys := c.KeyOptions()
+	keys.WhatsApp = wa
+	return worker.Config{
+		ID: id, Names: rt.names, Backend: b,
+		LeaseTTL: c.Lease.TTL.Duration(), LeaseMargin: c.Lease.Margin.Duration(),
+		Linger: c.Worker.Linger.Duration(), MaxLanes: c.Worker.Lanes, MaxTurns: c.Worker.Turns,
+		MaxTurnMessages: c.Worker.MaxTurnMessages, MaxTurnBytes: c.Worker.MaxTurnBytes, BusyMode: c.Worker.BusyMode,
+		GatewayTimeout: c.Agent.GatewayTimeout.Duration(), Freshness: c.Agent.GatewayAutoContinueFreshness.Duration(),
+		DrainTimeout: c.Agent.RestartDrainTimeout.Duration(), Restart: restart,
+		Reset: c.ResetConfig(), Location: c.Location(),
+		Context:    session.ContextOptions{KeyOptions: keys},
+		MaxAgeDays: c.SessionStoreMaxAgeDays,
+		CacheSize:  c.Worker.CacheSize, CacheIdleTTL: c.Worker.CacheIdleTTL.Duration(),
+		Logger: rt.log,
+	}
+}
+
+// startWorkers runs n workers, each on its own connection.
+func (rt *runtime) startWorkers(ctx context.Context, n int, id string, b worker.Backend, restart bool, wg *sync.WaitGroup, errs chan<- error) error {
+	for i := 0; i < n; i++ {
+		wid := id
+		if n > 1 {
+			wid = fmt.Sprintf("%s-%d", id, i+1)
+		}
+		nc, js, err := rt.connect("agentfleet-worker-" + wid)
+		if err != nil {
+			return err
+		}
+		res, err := rt.provision(ctx, js)
+		if err != nil {
+			return err
+		}
+		w, err := worker.New(nc, js, res, rt.workerConfig(wid, b, restart))
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := w.Run(ctx); err != nil {
+				errs <- fmt.Errorf("worker %s: %w", wid, err)
+			}
+		}()
+	}
+	return nil
+}
+
+// startIngress serves the HTTP adapter and runs the http delivery consumer.
+func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitGroup, errs chan<- error, ready func() error) (*http.Server, error) {
+	nc, js, err := rt.connect("agentfleet-ingress")
+	if err != nil {
+		return nil, err
+	}
+	res, err := rt.provision(ctx, js)
+	if err != nil {
+		return nil, err
+	}
+	keys := rt.cfg.KeyOptions()
+	if rt.cfg.WhatsApp.MappingDir != "" {
+		keys.WhatsApp = session.NewWhatsAppResolver(rt.cfg.WhatsApp.MappingDir)
+	}
+	srv, err := ingress.New(js, res, ingress.Config{Names: rt.names, KeyOptions: keys, Token: rt.cfg.HTTP.Token,
+		MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), Logger: rt.log})
+	if err != nil {
+		return nil, err
+	}
+	srv.SetReady(func() error {
+		if !nc.IsConnected() {
+			return errors.New("nats not connected")
+		}
+		if ready != nil {
+			return ready()
+		}
+		return nil
+	})
+	del := ingress.NewDelivery(js, res, rt.names, rt.log)
+	if err := del.Start(ctx); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		del.Stop()
+		return nil, fmt.Errorf("http listen %s: %w", addr, err)
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	rt.log.Info("http listening", "addr", ln.Addr().String())
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs <- fmt.Errorf("http: %w", err)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Close()
+		_ = hs.Shutdown(sctx)
+		del.Stop()
+	}()
+	return hs, nil
+}
+
+func hostID() string {
+	h, _ := os.Hostname()
+	return strings.ReplaceAll(h, ".", "-")
+}
+
+func upCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "up",
+		Usage: "run everything in one process on an embedded NATS server",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "data", Usage: "data `DIR` (embedded.data_dir)"},
+			&cli.StringFlag{Name: "http", Usage: "HTTP listen `ADDR` (http.addr)"},
+			&cli.StringFlag{Name: "nats-listen", Usage: "also open a NATS client port on `ADDR` (embedded.listen)"},
+			&cli.IntFlag{Name: "workers", Value: 2, Usage: "worker loops in this process"},
+			&cli.StringFlag{Name: "agent", Usage: "agent backend `NAME` (agent.name)"},
+			&cli.BoolFlag{Name: "allow-crash", Usage: "let the echo agent's !crash directive exit the process"},
+		},
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c, map[string]string{"data": "embedded.data_dir", "http": "http.addr", "nats-listen": "embedded.listen", "agent": "agent.name"})
+			if err != nil {
+				return err
+			}
+			if c.Int("workers") < 1 {
+				return fmt.Errorf("--workers %d: want at least 1", c.Int("workers"))
+			}
+			log := newLogger(cfg, "up")
+			rt, err := newRuntime(cfg, log)
+			if err != nil {
+				return err
+			}
+			b, err := backend(cfg, c.Bool("allow-crash"))
+			if err != nil {
+				return err
+			}
+			srv, err := broker.StartServer(broker.ServerConfig{DataDir: cfg.Embedded.DataDir, Listen: cfg.Embedded.Listen, Sync: cfg.Embedded.Sync})
+			if err != nil {
+				return err
+			}
+			rt.srv = srv
+			defer rt.close()
+			if cfg.Embedded.Listen != "" {
+				log.Info("nats listening", "url", srv.ClientURL())
+			}
+			ctx, stop := signalContext(log)
+			defer stop()
+			var wg sync.WaitGroup
+			errs := make(chan error, 16)
+			var provisioned atomic.Bool
+			if _, err := rt.startIngress(ctx, cfg.HTTP.Addr, &wg, errs, func() error {
+				if !provisioned.Load() {
+					return errors.New("provisioning")
+				}
+				return nil
+			}); err != nil {
+				stop()
+				wg.Wait()
+				return err
+			}
+			if err := rt.startWorkers(ctx, c.Int("workers"), cfg.Worker.ID, b, false, &wg, errs); err != nil {
+				stop()
+				wg.Wait()
+				return err
+			}
+			provisioned.Store(true)
+			log.Info("agentfleet up", "http", cfg.HTTP.Addr, "workers", c.Int("workers"), "data", cfg.Embedded.DataDir)
+			return waitRoles(ctx, stop, &wg, errs)
+		},
+	}
+}
+
+// waitRoles waits for a signal or a failing role, then for every role to stop.
+func waitRoles(ctx context.Context, stop func(), wg *sync.WaitGroup, errs chan error) error {
+	var first error
+	select {
+	case <-ctx.Done():
+	case first = <-errs:
+		stop()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func natsCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "nats",
+		Usage: "run one plain NATS server node with JetStream, standalone or clustered",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:4222", Usage: "client listen `ADDR`"},
+			&cli.StringFlag{Name: "data", Value: "./data/nats", Usage: "JetStream store `DIR`"},
+			&cli.StringFlag{Name: "name", Usage: "server name (defaults to the host name)"},
+			&cli.StringFlag{Name: "sync", Usage: "fsync policy: default, always or a duration (embedded.sync)"},
+			&cli.StringFlag{Name: "cluster-name", Usage: "cluster `NAME`"},
+			&cli.StringFlag{Name: "cluster-listen", Usage: "cluster route listen `ADDR`"},
+			&cli.StringFlag{Name: "routes", Usage: "comma-separated route `URLS` (nats-route://host:port)"},
+		},
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c, map[string]string{"sync": "embedded.sync"})
+			if err != nil {
+				return err
+			}
+			log := newLogger(cfg, "nats")
+			var routes []string
+			if r := c.String("routes"); r != "" {
+				routes = strings.Split(r, ",")
+			}
+			srv, err := broker.StartServer(broker.ServerConfig{Name: c.String("name"), DataDir: c.String("data"), Listen: c.String("listen"),
+				Sync: cfg.Embedded.Sync, ClusterName: c.String("cluster-name"), ClusterListen: c.String("cluster-listen"), Routes: routes})
+			if err != nil {
+				return err
+			}
+			log.Info("nats node up", "url", srv.ClientURL(), "cluster", c.String("cluster-name"))
+			ctx, stop := signalContext(log)
+			defer stop()
+			<-ctx.Done()
+			srv.Shutdown()
+			srv.WaitForShutdown()
+			log.Info("nats node stopped")
+			return nil
+		},
+	}
+}
+
+func workerCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "worker",
+		Usage: "run worker loops against NATS_URL",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "id", Usage: "worker `ID` (worker.id)"},
+			&cli.StringFlag{Name: "agent", Usage: "agent backend `NAME` (agent.name)"},
+			&cli.IntFlag{Name: "workers", Value: 1, Usage: "worker loops in this process"},
+			&cli.BoolFlag{Name: "allow-crash", Usage: "let the echo agent's !crash directive exit the process"},
+			&cli.BoolFlag{Name: "restart", Usage: "a graceful stop of this process is a restart (resume reason restart_timeout)"},
+		},
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c, map[string]string{"id": "worker.id", "agent": "agent.name"})
+			if err != nil {
+				return err
+			}
+			log := newLogger(cfg, "worker")
+			rt, err := newRuntime(cfg, log)
+			if err != nil {
+				return err
+			}
+			defer rt.close()
+			b, err := backend(cfg, c.Bool("allow-crash"))
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(log)
+			defer stop()
+			var wg sync.WaitGroup
+			errs := make(chan error, 16)
+			if err := rt.startWorkers(ctx, c.Int("workers"), cfg.Worker.ID, b, c.Bool("restart"), &wg, errs); err != nil {
+				stop()
+				wg.Wait()
+				return err
+			}
+			return waitRoles(ctx, stop, &wg, errs)
+		},
+	}
+}
+
+func ingressCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "ingress",
+		Usage: "serve the ingress adapters and run the delivery consumers against NATS_URL",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "http", Usage: "HTTP listen `ADDR` (http.addr)"},
+		},
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c, map[string]string{"http": "http.addr"})
+			if err != nil {
+				return err
+			}
+			log := newLogger(cfg, "ingress")
+			rt, err := newRuntime(cfg, log)
+			if err != nil {
+				return err
+			}
+			defer rt.close()
+			ctx, stop := signalContext(log)
+			defer stop()
+			var wg sync.WaitGroup
+			errs := make(chan error, 16)
+			if _, err := rt.startIngress(ctx, cfg.HTTP.Addr, &wg, errs, nil); err != nil {
+				stop()
+				wg.Wait()
+				return err
+			}
+			return waitRoles(ctx, stop, &wg, errs)
+		},
+	}
+}

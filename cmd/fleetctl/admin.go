@@ -1,0 +1,273 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/urfave/cli/v2"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/session"
+)
+
+// adminCommands publish commands into a lane's inbox, so that the lane's
+// owner applies them in order with the messages around them — exactly as if
+// the user had typed them.
+func adminCommands() []*cli.Command {
+	mk := func(name, command, usage string, argName string) *cli.Command {
+		args := "KEY_OR_SESSION_ID"
+		if argName != "" {
+			args += " " + argName
+		}
+		return &cli.Command{
+			Name: name, Usage: usage, ArgsUsage: args, Flags: []cli.Flag{jsonFlag},
+			Action: func(c *cli.Context) error {
+				want := 1
+				if argName != "" {
+					want = 2
+				}
+				if c.NArg() != want {
+					return fmt.Errorf("usage: fleetctl session %s %s", name, args)
+				}
+				arg := ""
+				if argName != "" {
+					arg = c.Args().Get(1)
+				}
+				if command == "busy" && arg != "interrupt" && arg != "queue" && arg != "steer" {
+					return fmt.Errorf("busy mode %q: want interrupt, queue or steer", arg)
+				}
+				cl, ctx, done, err := dial(c)
+				if err != nil {
+					return err
+				}
+				defer done()
+				lane, err := resolveLane(ctx, cl, c.Args().First())
+				if err != nil {
+					return err
+				}
+				seq, err := publishCommand(ctx, cl, lane, command, arg)
+				if err != nil {
+					return err
+				}
+				if c.Bool("json") {
+					return printJSON(c.App.Writer, map[string]any{"lane": lane, "command": command, "args": arg, "seq": seq})
+				}
+				fmt.Fprintf(c.App.Writer, "queued /%s for %s at inbox seq %d\n", command, lane, seq)
+				return nil
+			},
+		}
+	}
+	return []*cli.Command{
+		mk("stop", "stop", "interrupt the running turn and suspend the session (like /stop)", ""),
+		mk("reset", "reset", "start a new session (like /reset)", ""),
+		mk("suspend", "suspend", "suspend the session: the next message starts a fresh one", ""),
+		mk("resume-pending", "resume_pending", "mark the session resume_pending (restart_interrupted)", ""),
+		mk("busy", "busy", "set the lane's busy mode (like /busy)", "MODE"),
+		{
+			Name:  "suspend-recent",
+			Usage: "mark sessions updated within --max-age resume_pending (after an unclean stop of the whole fleet without markers)",
+			Flags: []cli.Flag{jsonFlag, &cli.DurationFlag{Name: "max-age", Value: 120 * time.Second}},
+			Action: func(c *cli.Context) error {
+				cl, ctx, done, err := dial(c)
+				if err != nil {
+					return err
+				}
+				defer done()
+				marked, err := cl.store.SuspendRecentlyActive(ctx, c.Duration("max-age"))
+				if err != nil {
+					return err
+				}
+				if c.Bool("json") {
+					if marked == nil {
+						marked = []string{}
+					}
+					return printJSON(c.App.Writer, map[string]any{"marked": marked})
+				}
+				fmt.Fprintf(c.App.Writer, "marked %d session(s) resume_pending\n", len(marked))
+				return nil
+			},
+		},
+	}
+}
+
+func publishCommand(ctx context.Context, cl *client, lane, command, args string) (uint64, error) {
+	e, _, err := cl.store.Get(ctx, lane)
+	if err != nil {
+		return 0, err
+	}
+	in := session.Inbound{SessionKey: e.SessionKey, Kind: session.KindCommand, Command: command, Args: args, ReceivedAt: time.Now()}
+	if e.Origin != nil {
+		in.Source = *e.Origin
+	}
+	data, err := json.Marshal(in)
+	if err != nil {
+		return 0, err
+	}
+	msg := nats.NewMsg(cl.names.InboxSubject(session.Partition(cl.names.Prefix(), lane), lane))
+	msg.Data = data
+	msg.Header.Set(broker.HdrSessionKey, e.SessionKey)
+	msg.Header.Set(broker.HdrKind, session.KindCommand)
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	ack, err := cl.js.PublishMsg(ctx, msg, jetstream.WithMsgID("admin:"+hex.EncodeToString(b[:])))
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// DeadLetter is one dead-lettered inbox message.
+type DeadLetter struct {
+	Seq        uint64          `json:"seq"`
+	Lane       string          `json:"lane"`
+	InboxSeq   uint64          `json:"inbox_seq"`
+	SessionID  string          `json:"session_id"`
+	TurnID     string          `json:"turn_id"`
+	Reason     string          `json:"reason"`
+	At         time.Time       `json:"at"`
+	Message    session.Inbound `json:"message"`
+	SessionKey string          `json:"session_key"`
+}
+
+func deadLetterCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "deadletter",
+		Usage: "messages dead-lettered after repeated interrupted turns",
+		Subcommands: []*cli.Command{
+			{
+				Name: "ls", Usage: "list dead letters (optionally of one lane)", ArgsUsage: "[KEY_OR_SESSION_ID]",
+				Flags: []cli.Flag{jsonFlag},
+				Action: func(c *cli.Context) error {
+					cl, ctx, done, err := dial(c)
+					if err != nil {
+						return err
+					}
+					defer done()
+					filter := cl.names.DeadLetterWildcard()
+					if c.NArg() > 0 {
+						lane, err := resolveLane(ctx, cl, c.Args().First())
+						if err != nil {
+							return err
+						}
+						filter = cl.names.DeadLetterSubject(lane)
+					}
+					dls, err := readDeadLetters(ctx, cl, filter)
+					if err != nil {
+						return err
+					}
+					if c.Bool("json") {
+						if dls == nil {
+							dls = []DeadLetter{}
+						}
+						return printJSON(c.App.Writer, map[string]any{"dead_letters": dls})
+					}
+					w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(w, "SEQ\tSESSION KEY\tINBOX SEQ\tREASON\tTEXT")
+					for _, d := range dls {
+						fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%q\n", d.Seq, d.SessionKey, d.InboxSeq, d.Reason, d.Message.Text)
+					}
+					return w.Flush()
+				},
+			},
+			{
+				Name: "replay", Usage: "publish a dead-lettered message into its lane's inbox again", ArgsUsage: "SEQ",
+				Flags: []cli.Flag{jsonFlag},
+				Action: func(c *cli.Context) error {
+					seq, err := strconv.ParseUint(c.Args().First(), 10, 64)
+					if c.NArg() != 1 || err != nil {
+						return errors.New("usage: fleetctl deadletter replay SEQ (from deadletter ls)")
+					}
+					cl, ctx, done, err := dial(c)
+					if err != nil {
+						return err
+					}
+					defer done()
+					ev, err := cl.js.Stream(ctx, cl.names.EventStream())
+					if err != nil {
+						return err
+					}
+					raw, err := ev.GetMsg(ctx, seq)
+					if err != nil {
+						return fmt.Errorf("dead letter %d: %w", seq, err)
+					}
+					d, ok := decodeDeadLetter(cl, raw)
+					if !ok {
+						return fmt.Errorf("message %d is not a dead letter", seq)
+					}
+					// The replay is a new message: its platform id already
+					// belongs to the dead-lettered one, so it is dropped (the
+					// replay:<seq> Msg-Id keeps a replay from running twice).
+					d.Message.PlatformMsgID = ""
+					body, err := json.Marshal(d.Message)
+					if err != nil {
+						return err
+					}
+					msg := nats.NewMsg(cl.names.InboxSubject(session.Partition(cl.names.Prefix(), d.Lane), d.Lane))
+					msg.Data = body
+					msg.Header.Set(broker.HdrSessionKey, d.SessionKey)
+					msg.Header.Set(broker.HdrKind, nonEmpty(raw.Header.Get(broker.HdrKind), session.KindMessage))
+					ack, err := cl.js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("replay:%d", seq)))
+					if err != nil {
+						return err
+					}
+					if c.Bool("json") {
+						return printJSON(c.App.Writer, map[string]any{"replayed": seq, "inbox_seq": ack.Sequence, "duplicate": ack.Duplicate, "lane": d.Lane})
+					}
+					fmt.Fprintf(c.App.Writer, "replayed dead letter %d into %s at inbox seq %d\n", seq, d.Lane, ack.Sequence)
+					return nil
+				},
+			},
+		},
+	}
+}
+
+func nonEmpty(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func decodeDeadLetter(cl *client, raw *jetstream.RawStreamMsg) (DeadLetter, bool) {
+	prefix := cl.names.Prefix() + ".dlq."
+	if len(raw.Subject) <= len(prefix) || raw.Subject[:len(prefix)] != prefix {
+		return DeadLetter{}, false
+	}
+	d := DeadLetter{Seq: raw.Sequence, Lane: raw.Subject[len(prefix):], At: raw.Time,
+		SessionID: raw.Header.Get(broker.HdrSessionID), TurnID: raw.Header.Get(broker.HdrTurnID), Reason: raw.Header.Get(broker.HdrReason),
+		SessionKey: raw.Header.Get(broker.HdrSessionKey)}
+	d.InboxSeq, _ = strconv.ParseUint(raw.Header.Get(broker.HdrInboxSeq), 10, 64)
+	_ = json.Unmarshal(raw.Data, &d.Message)
+	return d, true
+}
+
+func readDeadLetters(ctx context.Context, cl *client, filter string) ([]DeadLetter, error) {
+	ev, err := cl.js.Stream(ctx, cl.names.EventStream())
+	if err != nil {
+		return nil, err
+	}
+	var out []DeadLetter
+	seq := uint64(1)
+	for {
+		raw, err := ev.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return out, nil
+		}
+		if err != nil {
+			return out, err
+		}
+		if d, ok := decodeDeadLetter(cl, raw); ok {
+			out = append(out, d)
+		}
+		seq = raw.Sequence + 1
+	}
+}

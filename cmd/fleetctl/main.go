@@ -1,0 +1,403 @@
+// Command fleetctl inspects and administers an agentfleet deployment, the
+// way natsctl-style tools do: it reads the fleet's KV buckets and streams
+// directly. Every command takes --json and then prints one JSON document.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/urfave/cli/v2"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/config"
+	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/transcript"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+var version = "0.1.0-dev"
+
+func main() {
+	if err := newApp(os.Stdout).Run(os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "fleetctl:", err)
+		os.Exit(1)
+	}
+}
+
+var jsonFlag = &cli.BoolFlag{Name: "json", Usage: "print one JSON document"}
+
+func newApp(out io.Writer) *cli.App {
+	return &cli.App{
+		Name:    "fleetctl",
+		Usage:   "inspect and administer an agentfleet deployment",
+		Version: version,
+		Writer:  out,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "YAML configuration `FILE`", EnvVars: []string{"AGENTFLEET_CONFIG"}},
+			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "overall timeout"},
+		},
+		Commands: []*cli.Command{keyCommand(), sessionCommand(), transcriptCommand(), workerCommand(), deadLetterCommand()},
+	}
+}
+
+func loadConfig(c *cli.Context) (config.Config, error) {
+	cfg, err := config.Load(c.String("config"), os.LookupEnv)
+	if err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// client is a connection with the fleet's handles.
+type client struct {
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	names broker.Names
+	res   *broker.Resources
+	store *kv.Store
+	tx    *transcript.Log
+}
+
+func dial(c *cli.Context) (*client, context.Context, context.CancelFunc, error) {
+	cfg, err := loadConfig(c)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	names, err := broker.NewNames(cfg.NATS.Prefix)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	nc, err := broker.Connect(broker.ConnectConfig{URL: cfg.NATS.URL, Name: "fleetctl", User: cfg.NATS.User, Password: cfg.NATS.Password,
+		Token: cfg.NATS.Token, Creds: cfg.NATS.Creds, TLSCA: cfg.NATS.TLS.CA, TLSCert: cfg.NATS.TLS.Cert, TLSKey: cfg.NATS.TLS.Key,
+		TLSInsecure: cfg.NATS.TLS.InsecureSkipVerify, Timeout: cfg.NATS.ConnectTimeout.Duration()})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+	res, err := openResources(ctx, js, names)
+	if err != nil {
+		cancel()
+		nc.Close()
+		return nil, nil, nil, err
+	}
+	tx, err := transcript.New(js, names, nil)
+	if err != nil {
+		cancel()
+		nc.Close()
+		return nil, nil, nil, err
+	}
+	cl := &client{nc: nc, js: js, names: names, res: res, store: kv.NewStore(res, nil), tx: tx}
+	return cl, ctx, func() { cancel(); nc.Close() }, nil
+}
+
+// openResources binds to an existing fleet without creating anything.
+func openResources(ctx context.Context, js jetstream.JetStream, n broker.Names) (*broker.Resources, error) {
+	res := &broker.Resources{JS: js}
+	var err error
+	if res.Sessions, err = js.KeyValue(ctx, n.SessionsBucket()); err != nil {
+		return nil, fmt.Errorf("sessions bucket %s: %w (is the fleet running and provisioned?)", n.SessionsBucket(), err)
+	}
+	if res.SessionIDs, err = js.KeyValue(ctx, n.SessionIDsBucket()); err != nil {
+		return nil, fmt.Errorf("session-id bucket: %w", err)
+	}
+	if res.Leases, err = js.KeyValue(ctx, n.LeasesBucket()); err != nil {
+		return nil, fmt.Errorf("leases bucket: %w", err)
+	}
+	if res.Workers, err = js.KeyValue(ctx, n.WorkersBucket()); err != nil {
+		return nil, fmt.Errorf("workers bucket: %w", err)
+	}
+	if res.Transcripts, err = js.Stream(ctx, n.TranscriptStream()); err != nil {
+		return nil, fmt.Errorf("transcript stream: %w", err)
+	}
+	if res.Inbox, err = js.Stream(ctx, n.InboxStream()); err != nil {
+		return nil, fmt.Errorf("inbox stream: %w", err)
+	}
+	return res, nil
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func keyCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "key",
+		Usage: "print the session key the ingress would derive for a source",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "platform", Required: true},
+			&cli.StringFlag{Name: "chat-type", Value: "dm"},
+			&cli.StringFlag{Name: "chat-id"},
+			&cli.StringFlag{Name: "user-id"},
+			&cli.StringFlag{Name: "user-id-alt"},
+			&cli.StringFlag{Name: "thread-id"},
+			jsonFlag,
+		},
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			p, err := session.ParsePlatform(c.String("platform"))
+			if err != nil {
+				return err
+			}
+			src := session.SessionSource{Platform: p, ChatType: c.String("chat-type"), ChatID: c.String("chat-id"),
+				UserID: c.String("user-id"), UserIDAlt: c.String("user-id-alt"), ThreadID: c.String("thread-id")}
+			src.Normalize()
+			if err := src.Validate(); err != nil {
+				return err
+			}
+			opts := cfg.KeyOptions()
+			if cfg.WhatsApp.MappingDir != "" {
+				opts.WhatsApp = session.NewWhatsAppResolver(cfg.WhatsApp.MappingDir)
+			}
+			key := session.BuildSessionKey(src, opts)
+			lane := session.LaneToken(key)
+			names, err := broker.NewNames(cfg.NATS.Prefix)
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(c.App.Writer, map[string]any{"session_key": key, "lane": lane, "partition": session.Partition(names.Prefix(), lane),
+					"shared_multi_user": session.IsSharedMultiUserSession(src, opts)})
+			}
+			fmt.Fprintln(c.App.Writer, key)
+			return nil
+		},
+	}
+}
+
+// resolveLane accepts a session key, a lane token or a session id.
+func resolveLane(ctx context.Context, cl *client, arg string) (string, error) {
+	if session.ValidSessionID(arg) {
+		rec, err := cl.store.LookupIndex(ctx, arg)
+		if err != nil {
+			return "", err
+		}
+		return rec.Lane, nil
+	}
+	if strings.Contains(arg, ":") {
+		return session.LaneToken(arg), nil
+	}
+	if _, err := session.ParseLaneToken(arg); err == nil {
+		return arg, nil
+	}
+	return "", fmt.Errorf("%q is not a session key, lane or session id", arg)
+}
+
+func sessionCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "session",
+		Usage: "session entries",
+		Subcommands: append([]*cli.Command{
+			{
+				Name:      "info",
+				Usage:     "show the SessionEntry of a session key or session id",
+				ArgsUsage: "KEY_OR_SESSION_ID",
+				Flags:     []cli.Flag{jsonFlag},
+				Action: func(c *cli.Context) error {
+					if c.NArg() != 1 {
+						return errors.New("usage: fleetctl session info KEY_OR_SESSION_ID")
+					}
+					cl, ctx, done, err := dial(c)
+					if err != nil {
+						return err
+					}
+					defer done()
+					lane, err := resolveLane(ctx, cl, c.Args().First())
+					if err != nil {
+						return err
+					}
+					e, rev, err := cl.store.Get(ctx, lane)
+					if err != nil {
+						return err
+					}
+					holder, _, herr := kv.NewLeases(cl.js, cl.res, cl.names, time.Second).Holder(ctx, lane)
+					if herr != nil {
+						holder = ""
+					}
+					if c.Bool("json") {
+						return printJSON(c.App.Writer, map[string]any{"lane": lane, "revision": rev, "lease_holder": holder, "entry": e})
+					}
+					w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+					row := func(k string, v any) { fmt.Fprintf(w, "%s:\t%v\n", k, v) }
+					row("session_key", e.SessionKey)
+					row("lane", lane)
+					row("session_id", e.SessionID)
+					row("created_at", e.CreatedAt.Format(time.RFC3339))
+					row("updated_at", e.UpdatedAt.Format(time.RFC3339))
+					row("platform", e.Platform)
+					row("chat_type", e.ChatType)
+					row("tokens", fmt.Sprintf("%d (in %d, out %d)", e.TotalTokens, e.InputTokens, e.OutputTokens))
+					row("owner", e.Owner)
+					row("lease_holder", holder)
+					row("lease_epoch", e.LeaseEpoch)
+					row("committed_seq", e.CommittedSeq)
+					row("turn_in_flight", e.Turn != nil)
+					row("busy_mode", e.BusyMode)
+					row("suspended", e.Suspended)
+					row("resume_pending", fmt.Sprintf("%v %s", e.ResumePending, e.ResumeReason))
+					row("interrupted_turns", e.InterruptedTurns)
+					row("parent_session_id", e.ParentSessionID)
+					row("revision", rev)
+					return w.Flush()
+				},
+			},
+			{
+				Name:  "ls",
+				Usage: "list every session entry, most recently updated first",
+				Flags: []cli.Flag{jsonFlag, &cli.IntFlag{Name: "active", Usage: "only entries updated within `MINUTES`"}},
+				Action: func(c *cli.Context) error {
+					cl, ctx, done, err := dial(c)
+					if err != nil {
+						return err
+					}
+					defer done()
+					entries, err := cl.store.ListSessions(ctx, c.Int("active"))
+					if err != nil {
+						return err
+					}
+					if c.Bool("json") {
+						if entries == nil {
+							entries = []*session.SessionEntry{}
+						}
+						return printJSON(c.App.Writer, map[string]any{"sessions": entries})
+					}
+					w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(w, "SESSION KEY\tSESSION ID\tUPDATED\tOWNER\tCOMMITTED\tFLAGS")
+					for _, e := range entries {
+						var flags []string
+						if e.Turn != nil {
+							flags = append(flags, "turn")
+						}
+						if e.Suspended {
+							flags = append(flags, "suspended")
+						}
+						if e.ResumePending {
+							flags = append(flags, "resume_pending")
+						}
+						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", e.SessionKey, e.SessionID, e.UpdatedAt.Format(time.RFC3339), e.Owner, e.CommittedSeq, strings.Join(flags, ","))
+					}
+					return w.Flush()
+				},
+			},
+		}, adminCommands()...),
+	}
+}
+
+func transcriptCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "transcript",
+		Usage:     "print the transcript entries of a session in order",
+		ArgsUsage: "SESSION_ID",
+		Flags:     []cli.Flag{jsonFlag, &cli.BoolFlag{Name: "all", Usage: "include control entries (fences, turn ends, rewinds) and rewound entries"}},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 || !session.ValidSessionID(c.Args().First()) {
+				return errors.New("usage: fleetctl transcript SESSION_ID (YYYYMMDD_HHMMSS_<8hex>)")
+			}
+			cl, ctx, done, err := dial(c)
+			if err != nil {
+				return err
+			}
+			defer done()
+			entries, _, err := cl.tx.Load(ctx, c.Args().First())
+			if err != nil {
+				return err
+			}
+			if !c.Bool("all") {
+				var kept []transcript.Entry
+				for _, e := range entries {
+					if !e.Deleted && (e.Kind == transcript.KindMessage || e.Kind == transcript.KindNotice) {
+						kept = append(kept, e)
+					}
+				}
+				entries = kept
+			}
+			if c.Bool("json") {
+				type row struct {
+					Seq uint64 `json:"seq"`
+					transcript.Entry
+					Deleted bool `json:"deleted,omitempty"`
+				}
+				rows := make([]row, 0, len(entries))
+				for _, e := range entries {
+					rows = append(rows, row{Seq: e.Seq, Entry: e, Deleted: e.Deleted})
+				}
+				return printJSON(c.App.Writer, map[string]any{"session_id": c.Args().First(), "entries": rows})
+			}
+			for _, e := range entries {
+				who := e.Role
+				if who == "" {
+					who = e.Kind
+				}
+				text := e.Content
+				if len(e.ToolCalls) > 0 {
+					text = fmt.Sprintf("tool call %s(%s)", e.ToolCalls[0].Name, e.ToolCalls[0].Arguments)
+				}
+				if e.Kind == transcript.KindTurnEnd {
+					text = "turn " + e.TurnID + " " + e.Status
+				}
+				del := ""
+				if e.Deleted {
+					del = " (rewound)"
+				}
+				fmt.Fprintf(c.App.Writer, "%6d  %s  %-9s %s%s\n", e.Seq, e.Timestamp.Format("15:04:05"), who, text, del)
+			}
+			return nil
+		},
+	}
+}
+
+func workerCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "worker",
+		Usage: "the worker registry",
+		Subcommands: []*cli.Command{{
+			Name:  "ls",
+			Usage: "list workers: state, lanes owned, turns running (stopped workers stay listed for an hour)",
+			Flags: []cli.Flag{jsonFlag},
+			Action: func(c *cli.Context) error {
+				cl, ctx, done, err := dial(c)
+				if err != nil {
+					return err
+				}
+				defer done()
+				recs, err := worker.ListWorkers(ctx, cl.res.Workers)
+				if err != nil {
+					return err
+				}
+				if c.Bool("json") {
+					if recs == nil {
+						recs = []worker.WorkerRecord{}
+					}
+					return printJSON(c.App.Writer, map[string]any{"workers": recs})
+				}
+				w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(w, "ID\tSTATE\tLANES\tTURNS RUNNING\tTURNS\tTAKEOVERS\tHEARTBEAT\tHOST/PID\tWATCHER\tEXPIRY WAKES")
+				for _, r := range recs {
+					fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s/%d\t%v\t%d\n", r.ID, r.State, r.LanesOwned, r.TurnsRunning, r.Turns, r.Takeovers,
+						r.HeartbeatAt.Format(time.RFC3339), r.Host, r.PID, r.Watcher, r.ExpiryWakes)
+				}
+				return w.Flush()
+			},
+		}},
+	}
+}

@@ -1,0 +1,663 @@
+package config
+
+import (
+	"time"
+
+	"github.com/agentfleet/agentfleet/session"
+)
+
+// Config is the whole configuration of a fleet process. The zero value is not
+// useful: start from Default or Load. Every field documents its default; the
+// YAML key of each field is given in its struct tag, and Keys lists every key
+// with its environment variable.
+type Config struct {
+	// GroupSessionsPerUser isolates group and channel sessions per user (the
+	// participant id is appended to the session key).
+	//
+	// Defaults to true.
+	GroupSessionsPerUser bool `yaml:"group_sessions_per_user" json:"group_sessions_per_user"`
+
+	// ThreadSessionsPerUser isolates thread sessions per user; by default every
+	// participant of a thread shares one session.
+	//
+	// Defaults to false.
+	ThreadSessionsPerUser bool `yaml:"thread_sessions_per_user" json:"thread_sessions_per_user"`
+
+	// SessionStoreMaxAgeDays prunes sessions (entry and inbox) not updated for
+	// this many days. 0 disables pruning.
+	//
+	// Defaults to 0.
+	SessionStoreMaxAgeDays int `yaml:"session_store_max_age_days" json:"session_store_max_age_days"`
+
+	// SessionReset is the automatic reset policy of every lane that no
+	// override below matches.
+	//
+	// Defaults to mode both, at_hour 4, idle_minutes 1440, notify true.
+	SessionReset ResetPolicy `yaml:"session_reset" json:"session_reset"`
+
+	// SessionResetByChatType overrides SessionReset per chat type (dm, group,
+	// channel, thread). Only the fields given override; the rest come from
+	// SessionReset.
+	//
+	// Defaults to no overrides.
+	SessionResetByChatType map[string]ResetOverride `yaml:"session_reset_by_chat_type,omitempty" json:"session_reset_by_chat_type,omitempty"`
+
+	// Platforms holds per-platform settings, keyed by platform name
+	// (telegram, slack, ...).
+	//
+	// Defaults to none.
+	Platforms map[session.Platform]PlatformConfig `yaml:"platforms,omitempty" json:"platforms,omitempty"`
+
+	// Timezone is the IANA time zone name (e.g. "Europe/Paris") in which
+	// session_reset.at_hour is read. "Local" (or empty) is the process's local
+	// zone (TZ or /etc/localtime); "UTC" is UTC.
+	//
+	// Defaults to "Local".
+	Timezone string `yaml:"timezone" json:"timezone"`
+
+	// Agent configures the agent backend and turn timing.
+	Agent AgentConfig `yaml:"agent" json:"agent"`
+
+	// WhatsApp configures WhatsApp identifier canonicalization.
+	WhatsApp WhatsAppConfig `yaml:"whatsapp" json:"whatsapp"`
+
+	// NATS configures the connection to NATS and the names of the fleet's
+	// streams, buckets and subjects.
+	NATS NATSConfig `yaml:"nats" json:"nats"`
+
+	// Embedded configures the in-process nats-server of `agentfleet up`.
+	Embedded EmbeddedConfig `yaml:"embedded" json:"embedded"`
+
+	// Lease configures the per-lane ownership lease.
+	Lease LeaseConfig `yaml:"lease" json:"lease"`
+
+	// Worker configures a worker process.
+	Worker WorkerConfig `yaml:"worker" json:"worker"`
+
+	// HTTP configures the HTTP ingress adapter.
+	HTTP HTTPConfig `yaml:"http" json:"http"`
+
+	// Delivery configures outbound reply delivery.
+	Delivery DeliveryConfig `yaml:"delivery" json:"delivery"`
+
+	// Indexer configures the state database.
+	Indexer IndexerConfig `yaml:"indexer" json:"indexer"`
+
+	// Telemetry configures metrics and logs.
+	Telemetry TelemetryConfig `yaml:"telemetry" json:"telemetry"`
+}
+
+// ResetPolicy is a complete automatic reset policy (seeds/session-lifecycle.md §6).
+type ResetPolicy struct {
+	// Mode is none (never reset automatically), idle (reset after IdleMinutes
+	// without activity), daily (reset at AtHour each day) or both (whichever
+	// comes first).
+	//
+	// Defaults to both.
+	Mode session.ResetMode `yaml:"mode" json:"mode"`
+
+	// AtHour is the hour of the daily reset, 0..23, in Config.Timezone.
+	//
+	// Defaults to 4.
+	AtHour int `yaml:"at_hour" json:"at_hour"`
+
+	// IdleMinutes is the inactivity after which a session resets, at least 1.
+	//
+	// Defaults to 1440 (24h).
+	IdleMinutes int `yaml:"idle_minutes" json:"idle_minutes"`
+
+	// Notify tells the user, on the first message after an automatic reset,
+	// that the session was reset.
+	//
+	// Defaults to true.
+	Notify bool `yaml:"notify" json:"notify"`
+}
+
+// Policy returns p as the session package's policy type.
+func (p ResetPolicy) Policy() session.ResetPolicy {
+	return session.ResetPolicy{Mode: p.Mode, AtHour: p.AtHour, IdleMinutes: p.IdleMinutes, Notify: p.Notify}
+}
+
+// ResetOverride is a partial reset policy: a nil field inherits its value
+// from the less specific level (see Config.ResetConfig).
+type ResetOverride struct {
+	// Mode overrides ResetPolicy.Mode when set. Defaults to inherited.
+	Mode *session.ResetMode `yaml:"mode,omitempty" json:"mode,omitempty"`
+	// AtHour overrides ResetPolicy.AtHour when set. Defaults to inherited.
+	AtHour *int `yaml:"at_hour,omitempty" json:"at_hour,omitempty"`
+	// IdleMinutes overrides ResetPolicy.IdleMinutes when set. Defaults to inherited.
+	IdleMinutes *int `yaml:"idle_minutes,omitempty" json:"idle_minutes,omitempty"`
+	// Notify overrides ResetPolicy.Notify when set. Defaults to inherited.
+	Notify *bool `yaml:"notify,omitempty" json:"notify,omitempty"`
+}
+
+// IsZero reports whether o overrides nothing.
+func (o ResetOverride) IsZero() bool {
+	return o.Mode == nil && o.AtHour == nil && o.IdleMinutes == nil && o.Notify == nil
+}
+
+// Apply returns p with the fields o sets replaced.
+func (o ResetOverride) Apply(p session.ResetPolicy) session.ResetPolicy {
+	if o.Mode != nil {
+		p.Mode = *o.Mode
+	}
+	if o.AtHour != nil {
+		p.AtHour = *o.AtHour
+	}
+	if o.IdleMinutes != nil {
+		p.IdleMinutes = *o.IdleMinutes
+	}
+	if o.Notify != nil {
+		p.Notify = *o.Notify
+	}
+	return p
+}
+
+// PlatformConfig holds the settings of one platform.
+type PlatformConfig struct {
+	// SessionReset overrides the reset policy for every chat of this
+	// platform. Only the fields given override.
+	//
+	// Defaults to no override.
+	SessionReset ResetOverride `yaml:"session_reset,omitempty" json:"session_reset,omitzero"`
+
+	// SessionResetByChatType overrides the reset policy for one chat type of
+	// this platform. Only the fields given override.
+	//
+	// Defaults to no overrides.
+	SessionResetByChatType map[string]ResetOverride `yaml:"session_reset_by_chat_type,omitempty" json:"session_reset_by_chat_type,omitempty"`
+}
+
+// AgentConfig configures the agent backend and turn timing.
+type AgentConfig struct {
+	// Name selects the agent backend (echo is deterministic and needs no
+	// network).
+	//
+	// Defaults to "echo".
+	Name string `yaml:"name" json:"name"`
+
+	// GatewayTimeout is the longest a turn's agent run may take; an owner whose
+	// agent hangs stops renewing its lease after this plus a grace.
+	//
+	// Defaults to 30m (1800 seconds).
+	GatewayTimeout Duration `yaml:"gateway_timeout" json:"gateway_timeout"`
+
+	// GatewayAutoContinueFreshness is how long after an interruption a
+	// resume_pending session is resumed rather than reset by policy.
+	//
+	// Defaults to 1h (3600 seconds).
+	GatewayAutoContinueFreshness Duration `yaml:"gateway_auto_continue_freshness" json:"gateway_auto_continue_freshness"`
+
+	// RestartDrainTimeout is how long a stopping worker waits for running turns
+	// before cancelling them. 0 cancels at once.
+	//
+	// Defaults to 1m (60 seconds).
+	RestartDrainTimeout Duration `yaml:"restart_drain_timeout" json:"restart_drain_timeout"`
+
+	// AllowCrash lets the echo agent's !crash directive exit the worker
+	// process (for tests only).
+	//
+	// Defaults to false.
+	AllowCrash bool `yaml:"allow_crash" json:"allow_crash"`
+}
+
+// WhatsAppConfig configures WhatsApp identifier canonicalization.
+type WhatsAppConfig struct {
+	// MappingDir is a directory of JID/LID alias mapping files used to
+	// canonicalize WhatsApp identifiers. Empty means normalization only.
+	//
+	// Defaults to "".
+	MappingDir string `yaml:"mapping_dir" json:"mapping_dir"`
+}
+
+// NATSConfig configures the connection to NATS.
+type NATSConfig struct {
+	// URL is the NATS server URL, or several separated by commas. Read from
+	// NATS_URL in the environment. Ignored by `agentfleet up`, which connects
+	// in-process to its embedded server.
+	//
+	// Defaults to "nats://127.0.0.1:4222".
+	URL string `yaml:"url" json:"url"`
+
+	// User is the user name for user/password authentication.
+	//
+	// Defaults to "".
+	User string `yaml:"user" json:"user"`
+
+	// Password is the password for user/password authentication. Secret.
+	//
+	// Defaults to "".
+	Password string `yaml:"password" json:"password"`
+
+	// Creds is the path of a NATS credentials file (JWT + nkey seed).
+	//
+	// Defaults to "".
+	Creds string `yaml:"creds" json:"creds"`
+
+	// Token is the token for token authentication. Secret.
+	//
+	// Defaults to "".
+	Token string `yaml:"token" json:"token"`
+
+	// TLS configures TLS to the server.
+	TLS TLSConfig `yaml:"tls" json:"tls"`
+
+	// Prefix is the first token of every subject and the base of every stream,
+	// bucket and consumer name, so that several fleets can share one account.
+	// Letters, digits, '_' and '-' only.
+	//
+	// Defaults to "fleet".
+	Prefix string `yaml:"prefix" json:"prefix"`
+
+	// Replicas is the replica count of streams and buckets: 1, 3 or 5.
+	//
+	// Defaults to 1.
+	Replicas int `yaml:"replicas" json:"replicas"`
+
+	// ConnectTimeout bounds the initial connection.
+	//
+	// Defaults to 5s.
+	ConnectTimeout Duration `yaml:"connect_timeout" json:"connect_timeout"`
+}
+
+// TLSConfig configures TLS to the NATS server.
+type TLSConfig struct {
+	// CA is the path of a PEM file of CAs to trust. Empty uses the system pool.
+	//
+	// Defaults to "".
+	CA string `yaml:"ca" json:"ca"`
+	// Cert is the path of the PEM client certificate (needs Key).
+	//
+	// Defaults to "".
+	Cert string `yaml:"cert" json:"cert"`
+	// Key is the path of the PEM client key (needs Cert).
+	//
+	// Defaults to "".
+	Key string `yaml:"key" json:"key"`
+	// InsecureSkipVerify disables server certificate verification (tests only).
+	//
+	// Defaults to false.
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify" json:"insecure_skip_verify"`
+}
+
+// EmbeddedConfig configures the in-process nats-server of `agentfleet up`.
+type EmbeddedConfig struct {
+	// DataDir is the JetStream file store directory.
+	//
+	// Defaults to "./data".
+	DataDir string `yaml:"data_dir" json:"data_dir"`
+
+	// Listen is a host:port on which the embedded server also accepts client
+	// connections (other processes, the nats CLI). Empty means in-process
+	// only.
+	//
+	// Defaults to "".
+	Listen string `yaml:"listen" json:"listen"`
+
+	// Sync is the JetStream fsync policy: "default" (nats-server's periodic
+	// fsync, every 2m), "always" (fsync every write before acknowledging it),
+	// or an interval like "10s". Without "always" an OS crash or power loss
+	// can lose acknowledged writes; a process crash alone loses nothing.
+	//
+	// Defaults to "default".
+	Sync string `yaml:"sync" json:"sync"`
+}
+
+// SyncOptions returns the nats-server settings for Sync: always is true for
+// "always"; interval is the fsync interval, 0 for the server's default.
+// Sync must be valid (see Validate).
+func (e EmbeddedConfig) SyncOptions() (interval time.Duration, always bool) {
+	switch e.Sync {
+	case "", SyncDefault:
+		return 0, false
+	case SyncAlways:
+		return 0, true
+	}
+	d, err := ParseDuration(e.Sync)
+	if err != nil {
+		return 0, false
+	}
+	return d.Duration(), false
+}
+
+// Values of EmbeddedConfig.Sync besides an interval.
+const (
+	SyncDefault = "default"
+	SyncAlways  = "always"
+)
+
+// LeaseConfig configures the per-lane ownership lease.
+type LeaseConfig struct {
+	// TTL is the server-side lifetime of a lane lease; the owner renews it
+	// every TTL/3. At least 3s.
+	//
+	// Defaults to 15s.
+	TTL Duration `yaml:"ttl" json:"ttl"`
+
+	// Margin is how long before its lease could expire (last confirmed
+	// renewal + TTL) an owner stops making durable changes. Positive and less
+	// than TTL/2.
+	//
+	// Defaults to 2s.
+	Margin Duration `yaml:"margin" json:"margin"`
+}
+
+// Busy modes (WorkerConfig.BusyMode).
+const (
+	BusyInterrupt = "interrupt"
+	BusyQueue     = "queue"
+	BusySteer     = "steer"
+)
+
+// WorkerConfig configures a worker process.
+type WorkerConfig struct {
+	// ID names the worker in leases and logs. Empty means Load sets it to
+	// "<hostname>-<pid>".
+	//
+	// Defaults to "<hostname>-<pid>" (computed by Load).
+	ID string `yaml:"id" json:"id"`
+
+	// Lanes is the most lanes this worker owns at once; at capacity it stops
+	// pulling. At least 1.
+	//
+	// Defaults to 64.
+	Lanes int `yaml:"lanes" json:"lanes"`
+
+	// Turns is the most turns this worker runs at once. At least 1.
+	//
+	// Defaults to 16.
+	Turns int `yaml:"turns" json:"turns"`
+
+	// Linger is how long an idle lane stays owned so that follow-ups meet the
+	// warm agent cache. 0 releases at once.
+	//
+	// Defaults to 30s.
+	Linger Duration `yaml:"linger" json:"linger"`
+
+	// BusyMode is what a message arriving during a running turn does, for
+	// lanes that did not choose with /busy: interrupt, queue or steer.
+	//
+	// Defaults to "interrupt".
+	BusyMode string `yaml:"busy_mode" json:"busy_mode"`
+
+	// MaxTurnMessages caps the inbox messages one turn takes. At least 1.
+	//
+	// Defaults to 50.
+	MaxTurnMessages int `yaml:"max_turn_messages" json:"max_turn_messages"`
+
+	// MaxTurnBytes caps the bytes of message text one turn takes (a turn always
+	// takes at least one message). At least 1.
+	//
+	// Defaults to 262144 (256 KiB).
+	MaxTurnBytes int `yaml:"max_turn_bytes" json:"max_turn_bytes"`
+
+	// CacheSize is the most agents kept warm in the worker's LRU cache. At
+	// least 1.
+	//
+	// Defaults to 128.
+	CacheSize int `yaml:"cache_size" json:"cache_size"`
+
+	// CacheIdleTTL evicts a cached agent unused for this long. Positive.
+	//
+	// Defaults to 1h.
+	CacheIdleTTL Duration `yaml:"cache_idle_ttl" json:"cache_idle_ttl"`
+}
+
+// HTTPConfig configures the HTTP ingress adapter.
+type HTTPConfig struct {
+	// Addr is the host:port the HTTP server listens on.
+	//
+	// Defaults to ":8080".
+	Addr string `yaml:"addr" json:"addr"`
+
+	// Token, when set, is the bearer token every request but /healthz and
+	// /readyz must carry. Secret.
+	//
+	// Defaults to "" (no authentication).
+	Token string `yaml:"token" json:"token"`
+
+	// MaxBodyBytes caps a request body. At least 1.
+	//
+	// Defaults to 1048576 (1 MiB).
+	MaxBodyBytes int `yaml:"max_body_bytes" json:"max_body_bytes"`
+}
+
+// DeliveryConfig configures outbound reply delivery.
+type DeliveryConfig struct {
+	// MaxAttempts is the retry budget of one reply, after which it is
+	// recorded as failed. At least 1.
+	//
+	// Defaults to 10.
+	MaxAttempts int `yaml:"max_attempts" json:"max_attempts"`
+
+	// Backoff is the delay before the first retry; it doubles per attempt.
+	// Positive.
+	//
+	// Defaults to 1s.
+	Backoff Duration `yaml:"backoff" json:"backoff"`
+}
+
+// IndexerConfig configures the state database.
+type IndexerConfig struct {
+	// DB is the path of the SQLite state database.
+	//
+	// Defaults to "./data/state.db".
+	DB string `yaml:"db" json:"db"`
+}
+
+// TelemetryConfig configures metrics and logs.
+type TelemetryConfig struct {
+	// Metrics enables metrics (Prometheus /metrics, and OTLP when
+	// OTEL_EXPORTER_OTLP_ENDPOINT is set).
+	//
+	// Defaults to true.
+	Metrics bool `yaml:"metrics" json:"metrics"`
+
+	// LogLevel is the minimum level logged: debug, info, warn or error.
+	//
+	// Defaults to "info".
+	LogLevel string `yaml:"log_level" json:"log_level"`
+
+	// LogFormat is text or json.
+	//
+	// Defaults to "text".
+	LogFormat string `yaml:"log_format" json:"log_format"`
+}
+
+// Default returns the built-in defaults. It does no I/O: Worker.ID is left
+// empty (Load computes it) and Timezone is "Local".
+func Default() Config {
+	return Config{
+		GroupSessionsPerUser:   true,
+		ThreadSessionsPerUser:  false,
+		SessionStoreMaxAgeDays: 0,
+		SessionReset: ResetPolicy{
+			Mode:        session.ResetBoth,
+			AtHour:      4,
+			IdleMinutes: 1440,
+			Notify:      true,
+		},
+		Timezone: "Local",
+		Agent: AgentConfig{
+			Name:                         "echo",
+			GatewayTimeout:               Duration(1800 * time.Second),
+			GatewayAutoContinueFreshness: Duration(3600 * time.Second),
+			RestartDrainTimeout:          Duration(60 * time.Second),
+		},
+		NATS: NATSConfig{
+			URL:            "nats://127.0.0.1:4222",
+			Prefix:         "fleet",
+			Replicas:       1,
+			ConnectTimeout: Duration(5 * time.Second),
+		},
+		Embedded: EmbeddedConfig{
+			DataDir: "./data",
+			Sync:    SyncDefault,
+		},
+		Lease: LeaseConfig{
+			TTL:    Duration(15 * time.Second),
+			Margin: Duration(2 * time.Second),
+		},
+		Worker: WorkerConfig{
+			Lanes:           64,
+			Turns:           16,
+			Linger:          Duration(30 * time.Second),
+			BusyMode:        BusyInterrupt,
+			MaxTurnMessages: 50,
+			MaxTurnBytes:    256 << 10,
+			CacheSize:       128,
+			CacheIdleTTL:    Duration(time.Hour),
+		},
+		HTTP: HTTPConfig{
+			Addr:         ":8080",
+			MaxBodyBytes: 1 << 20,
+		},
+		Delivery: DeliveryConfig{
+			MaxAttempts: 10,
+			Backoff:     Duration(time.Second),
+		},
+		Indexer: IndexerConfig{
+			DB: "./data/state.db",
+		},
+		Telemetry: TelemetryConfig{
+			Metrics:   true,
+			LogLevel:  "info",
+			LogFormat: "text",
+		},
+	}
+}
+
+// ResetConfig resolves the reset policy and its overrides into complete
+// policies. Each field of a lane's policy comes from the most specific level
+// that sets it:
+//
+//	platforms.<p>.session_reset_by_chat_type.<t>
+//	platforms.<p>.session_reset
+//	session_reset_by_chat_type.<t>
+//	session_reset
+//
+// The result's lookup order (ByPlatformChatType, ByPlatform, ByChatType,
+// Default) then gives every (platform, chat type) exactly that layering: a
+// ByPlatformChatType entry is materialized wherever a platform override and a
+// chat-type override meet. Overrides that set no field are ignored.
+func (c Config) ResetConfig() session.ResetConfig {
+	base := c.SessionReset.Policy()
+	rc := session.ResetConfig{
+		Default:            base,
+		ByPlatform:         map[session.Platform]session.ResetPolicy{},
+		ByChatType:         map[string]session.ResetPolicy{},
+		ByPlatformChatType: map[session.Platform]map[string]session.ResetPolicy{},
+	}
+	for t, o := range c.SessionResetByChatType {
+		if !o.IsZero() {
+			rc.ByChatType[t] = o.Apply(base)
+		}
+	}
+	for p, pc := range c.Platforms {
+		types := map[string]bool{}
+		if !pc.SessionReset.IsZero() {
+			rc.ByPlatform[p] = pc.SessionReset.Apply(base)
+			for t := range rc.ByChatType {
+				types[t] = true
+			}
+		}
+		for t, o := range pc.SessionResetByChatType {
+			if !o.IsZero() {
+				types[t] = true
+			}
+		}
+		if len(types) == 0 {
+			continue
+		}
+		byType := map[string]session.ResetPolicy{}
+		for t := range types {
+			pol := c.SessionResetByChatType[t].Apply(base)
+			pol = pc.SessionReset.Apply(pol)
+			pol = pc.SessionResetByChatType[t].Apply(pol)
+			byType[t] = pol
+		}
+		rc.ByPlatformChatType[p] = byType
+	}
+	return rc
+}
+
+// KeyOptions returns the session-key switches. The WhatsApp resolver is left
+// nil: the caller attaches one built from WhatsApp.MappingDir.
+func (c Config) KeyOptions() session.KeyOptions {
+	return session.KeyOptions{
+		GroupSessionsPerUser:  c.GroupSessionsPerUser,
+		ThreadSessionsPerUser: c.ThreadSessionsPerUser,
+	}
+}
+
+// Location returns the time zone named by Timezone. Validate refuses a name
+// that does not load; for such a name Location returns time.Local.
+func (c Config) Location() *time.Location {
+	loc, err := loadLocation(c.Timezone)
+	if err != nil {
+		return time.Local
+	}
+	return loc
+}
+
+func loadLocation(name string) (*time.Location, error) {
+	if name == "" || name == "Local" {
+		return time.Local, nil
+	}
+	return time.LoadLocation(name)
+}
+
+// redactedValue replaces a secret in Redacted.
+const redactedValue = "[redacted]"
+
+// Redacted returns a copy of c for printing: nats.password, nats.token and
+// http.token, when set, are replaced by "[redacted]" (an unset secret stays
+// empty, so the output still tells whether one is configured).
+func (c Config) Redacted() Config {
+	r := c.clone()
+	for _, s := range []*string{&r.NATS.Password, &r.NATS.Token, &r.HTTP.Token} {
+		if *s != "" {
+			*s = redactedValue
+		}
+	}
+	return r
+}
+
+// clone returns a deep copy of c: its maps and override pointers are not
+// shared with c.
+func (c Config) clone() Config {
+	r := c
+	r.SessionResetByChatType = cloneOverrides(c.SessionResetByChatType)
+	if c.Platforms != nil {
+		r.Platforms = make(map[session.Platform]PlatformConfig, len(c.Platforms))
+		for p, pc := range c.Platforms {
+			pc.SessionReset = pc.SessionReset.clone()
+			pc.SessionResetByChatType = cloneOverrides(pc.SessionResetByChatType)
+			r.Platforms[p] = pc
+		}
+	}
+	return r
+}
+
+func cloneOverrides(m map[string]ResetOverride) map[string]ResetOverride {
+	if m == nil {
+		return nil
+	}
+	r := make(map[string]ResetOverride, len(m))
+	for k, o := range m {
+		r[k] = o.clone()
+	}
+	return r
+}
+
+func (o ResetOverride) clone() ResetOverride {
+	return ResetOverride{Mode: clonePtr(o.Mode), AtHour: clonePtr(o.AtHour), IdleMinutes: clonePtr(o.IdleMinutes), Notify: clonePtr(o.Notify)}
+}
+
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}

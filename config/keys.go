@@ -1,0 +1,627 @@
+package config
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agentfleet/agentfleet/session"
+)
+
+// KeyInfo describes one configuration key. Keys returns them all; the table
+// in docs/configuration.md is generated from them.
+type KeyInfo struct {
+	// Path is the YAML path, e.g. "lease.ttl". A segment <platform> or
+	// <chat_type> stands for any platform name or chat type.
+	Path string
+	// Env is the environment variable that sets the key, or "" for keys under
+	// a <platform> or <chat_type> placeholder (set those in the file or with
+	// Set).
+	Env string
+	// Type is string, bool, int or duration.
+	Type string
+	// Default is the built-in default as text ("inherited" for overrides).
+	Default string
+	// Description says what the key does and which values it takes.
+	Description string
+}
+
+// Placeholder segments of key paths.
+const (
+	placeholderPlatform = "<platform>"
+	placeholderChatType = "<chat_type>"
+)
+
+// Value kinds of keys.
+const (
+	kindString   = "string"
+	kindBool     = "bool"
+	kindInt      = "int"
+	kindDuration = "duration"
+)
+
+// minLeaseTTL is the shortest lease.ttl accepted.
+const minLeaseTTL = 3 * time.Second
+
+// envPrefix prefixes the environment variable of every key but nats.url.
+const envPrefix = "AGENTFLEET_"
+
+// key is one scalar configuration key: the single source of the key list, the
+// environment variables, Set, the per-field checks of Validate and the docs.
+type key struct {
+	path string // YAML path, possibly with placeholders
+	kind string
+	env  string // overrides the derived variable name
+	def  string // overrides the default derived from Default()
+	desc string
+	// get returns the value (string, bool, int or Duration) for the
+	// placeholder arguments a; ok is false when an override is unset.
+	get func(c *Config, a []string) (v any, ok bool)
+	// set stores v (of the key's kind) for the placeholder arguments a.
+	set func(c *Config, a []string, v any)
+	// check returns why v is refused, quoting it, or "".
+	check func(v any) string
+	// each lists the placeholder arguments present in c (nil for plain keys).
+	each func(c *Config) [][]string
+}
+
+// envVar returns the environment variable of k, "" when k has placeholders.
+func (k key) envVar() string {
+	if k.env != "" {
+		return k.env
+	}
+	if strings.Contains(k.path, "<") {
+		return ""
+	}
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(k.path, ".", "_"))
+}
+
+// concrete returns k's path with its placeholders replaced by a.
+func (k key) concrete(a []string) string {
+	segs := strings.Split(k.path, ".")
+	i := 0
+	for j, s := range segs {
+		if isPlaceholder(s) && i < len(a) {
+			segs[j] = a[i]
+			i++
+		}
+	}
+	return strings.Join(segs, ".")
+}
+
+// instances lists the placeholder arguments for which k exists in c.
+func (k key) instances(c *Config) [][]string {
+	if k.each == nil {
+		return [][]string{nil}
+	}
+	return k.each(c)
+}
+
+func isPlaceholder(s string) bool { return strings.HasPrefix(s, "<") && strings.HasSuffix(s, ">") }
+
+// scalar is the set of Go types a plain key may have.
+type scalar interface {
+	~string | ~bool | ~int | ~int64
+}
+
+// field builds a key for a plain (placeholder-free) field of Config.
+func field[T scalar](path, desc string, p func(*Config) *T, check func(any) string) key {
+	var kind string
+	switch any(*new(T)).(type) {
+	case string, session.ResetMode:
+		kind = kindString
+	case bool:
+		kind = kindBool
+	case int:
+		kind = kindInt
+	case Duration:
+		kind = kindDuration
+	default:
+		panic(fmt.Sprintf("config: key %s: unsupported type %T", path, *new(T)))
+	}
+	return key{
+		path:  path,
+		kind:  kind,
+		desc:  desc,
+		check: check,
+		get:   func(c *Config, _ []string) (any, bool) { return toKind(*p(c)), true },
+		set:   func(c *Config, _ []string, v any) { *p(c) = fromKind[T](v) },
+	}
+}
+
+// toKind converts a field value to the representation of its kind.
+func toKind(v any) any {
+	if m, ok := v.(session.ResetMode); ok {
+		return string(m)
+	}
+	return v
+}
+
+// fromKind converts a value of a kind back to the field type T.
+func fromKind[T scalar](v any) T {
+	var out T
+	switch p := any(&out).(type) {
+	case *session.ResetMode:
+		*p = session.ResetMode(v.(string))
+	default:
+		out = v.(T)
+	}
+	return out
+}
+
+// keys is the list of every configuration key, in documentation order.
+var keys = buildKeys()
+
+func buildKeys() []key {
+	ks := []key{
+		field("group_sessions_per_user",
+			"Isolate group and channel sessions per user: the participant id is appended to the session key.",
+			func(c *Config) *bool { return &c.GroupSessionsPerUser }, nil),
+		field("thread_sessions_per_user",
+			"Isolate thread sessions per user; by default all participants of a thread share one session.",
+			func(c *Config) *bool { return &c.ThreadSessionsPerUser }, nil),
+		field("session_store_max_age_days",
+			"Prune sessions not updated for this many days (hourly, by the expiry leader). 0 disables pruning.",
+			func(c *Config) *int { return &c.SessionStoreMaxAgeDays }, minInt(0)),
+		field("session_reset.mode",
+			"Automatic reset policy: none, idle (after idle_minutes without activity), daily (at at_hour) or both (whichever comes first).",
+			func(c *Config) *session.ResetMode { return &c.SessionReset.Mode }, checkMode),
+		field("session_reset.at_hour",
+			"Hour of the daily reset, 0..23, in `timezone`.",
+			func(c *Config) *int { return &c.SessionReset.AtHour }, checkAtHour),
+		field("session_reset.idle_minutes",
+			"Minutes of inactivity after which a session resets, at least 1.",
+			func(c *Config) *int { return &c.SessionReset.IdleMinutes }, checkIdleMinutes),
+		field("session_reset.notify",
+			"Tell the user, on the first message after an automatic reset, that the session was reset.",
+			func(c *Config) *bool { return &c.SessionReset.Notify }, nil),
+	}
+	ks = append(ks, overrideKeys()...)
+	ks = append(ks,
+		key{
+			path: "timezone", kind: kindString, def: "Local",
+			desc:  "IANA time zone (e.g. `Europe/Paris`, `UTC`) in which `at_hour` is read. `Local` is the process's zone (TZ or /etc/localtime).",
+			get:   func(c *Config, _ []string) (any, bool) { return c.Timezone, true },
+			set:   func(c *Config, _ []string, v any) { c.Timezone = v.(string) },
+			check: checkTimezone,
+		},
+		field("agent.name",
+			"Agent backend. `echo` is deterministic and needs no network.",
+			func(c *Config) *string { return &c.Agent.Name }, checkNonEmpty),
+		field("agent.gateway_timeout",
+			"Longest agent run of one turn; an owner whose agent hangs stops renewing its lease after this plus a grace.",
+			func(c *Config) *Duration { return &c.Agent.GatewayTimeout }, minDuration(time.Second)),
+		field("agent.gateway_auto_continue_freshness",
+			"How long after an interruption a resume_pending session is resumed instead of going through the reset policy.",
+			func(c *Config) *Duration { return &c.Agent.GatewayAutoContinueFreshness }, minDuration(time.Second)),
+		field("agent.restart_drain_timeout",
+			"On SIGTERM, how long running turns may finish before they are cancelled and handed over. 0 cancels at once.",
+			func(c *Config) *Duration { return &c.Agent.RestartDrainTimeout }, minDuration(0)),
+		field("agent.allow_crash",
+			"Let the echo agent's `!crash` directive exit the worker process (tests only).",
+			func(c *Config) *bool { return &c.Agent.AllowCrash }, nil),
+		field("whatsapp.mapping_dir",
+			"Directory of WhatsApp JID/LID alias mappings used to canonicalize identifiers. Empty: normalization only. Must exist when set.",
+			func(c *Config) *string { return &c.WhatsApp.MappingDir }, checkDir),
+		field("nats.url",
+			"NATS server URL, or several separated by commas (`nats://`, `tls://`, `ws://`, `wss://`). Not used by `agentfleet up`, which connects in-process.",
+			func(c *Config) *string { return &c.NATS.URL }, checkNATSURL),
+		field("nats.user",
+			"User for user/password authentication.",
+			func(c *Config) *string { return &c.NATS.User }, nil),
+		field("nats.password",
+			"Password for user/password authentication (secret: redacted when printed).",
+			func(c *Config) *string { return &c.NATS.Password }, nil),
+		field("nats.creds",
+			"Path of a NATS credentials file (JWT and nkey seed). Must exist when set.",
+			func(c *Config) *string { return &c.NATS.Creds }, checkFile),
+		field("nats.token",
+			"Token for token authentication (secret: redacted when printed).",
+			func(c *Config) *string { return &c.NATS.Token }, nil),
+		field("nats.tls.ca",
+			"PEM file of CAs to trust for the server certificate. Empty: the system pool. Must exist when set.",
+			func(c *Config) *string { return &c.NATS.TLS.CA }, checkFile),
+		field("nats.tls.cert",
+			"PEM client certificate for mutual TLS (needs `nats.tls.key`). Must exist when set.",
+			func(c *Config) *string { return &c.NATS.TLS.Cert }, checkFile),
+		field("nats.tls.key",
+			"PEM client key for mutual TLS (needs `nats.tls.cert`). Must exist when set.",
+			func(c *Config) *string { return &c.NATS.TLS.Key }, checkFile),
+		field("nats.tls.insecure_skip_verify",
+			"Skip verification of the server certificate (tests only).",
+			func(c *Config) *bool { return &c.NATS.TLS.InsecureSkipVerify }, nil),
+		field("nats.prefix",
+			"First token of every subject and base of every stream, bucket and consumer name, so several fleets can share one account. Letters, digits, `_` and `-`.",
+			func(c *Config) *string { return &c.NATS.Prefix }, checkPrefix),
+		field("nats.replicas",
+			"Replicas of every stream and bucket: 1, 3 or 5 (3 for a 3-node cluster).",
+			func(c *Config) *int { return &c.NATS.Replicas }, checkReplicas),
+		field("nats.connect_timeout",
+			"Timeout of the initial connection to NATS.",
+			func(c *Config) *Duration { return &c.NATS.ConnectTimeout }, minDuration(time.Millisecond)),
+		field("embedded.data_dir",
+			"JetStream file store of the embedded server (`agentfleet up`).",
+			func(c *Config) *string { return &c.Embedded.DataDir }, checkNonEmpty),
+		field("embedded.listen",
+			"host:port on which the embedded server also accepts clients (other processes, the `nats` CLI). Empty: in-process only.",
+			func(c *Config) *string { return &c.Embedded.Listen }, checkHostPort(true)),
+		field("embedded.sync",
+			"JetStream fsync policy of the embedded server: `default` (nats-server's, every 2m), `always` (fsync before every acknowledgement), or an interval like `10s`. Only `always` survives an OS crash or power loss without losing acknowledged writes.",
+			func(c *Config) *string { return &c.Embedded.Sync }, checkSync),
+		field("lease.ttl",
+			"Server-side lifetime of a lane lease; the owner renews every ttl/3. At least 3s.",
+			func(c *Config) *Duration { return &c.Lease.TTL }, minDuration(minLeaseTTL)),
+		field("lease.margin",
+			"The owner stops making durable changes this long before its lease could expire. Positive, below ttl/2.",
+			func(c *Config) *Duration { return &c.Lease.Margin }, minDuration(time.Millisecond)),
+		key{
+			path: "worker.id", kind: kindString, def: "<hostname>-<pid>",
+			desc:  "Name of this worker in leases and logs. Empty: `<hostname>-<pid>`, computed at start. No spaces.",
+			get:   func(c *Config, _ []string) (any, bool) { return c.Worker.ID, true },
+			set:   func(c *Config, _ []string, v any) { c.Worker.ID = v.(string) },
+			check: checkWorkerID,
+		},
+		field("worker.lanes",
+			"Most lanes this worker owns at once; at capacity it stops pulling. At least 1.",
+			func(c *Config) *int { return &c.Worker.Lanes }, minInt(1)),
+		field("worker.turns",
+			"Most turns this worker runs at once. At least 1.",
+			func(c *Config) *int { return &c.Worker.Turns }, minInt(1)),
+		field("worker.linger",
+			"How long an idle lane stays owned so that follow-ups meet the warm agent cache. 0 releases at once.",
+			func(c *Config) *Duration { return &c.Worker.Linger }, minDuration(0)),
+		field("worker.busy_mode",
+			"What a message arriving during a running turn does, unless the lane chose with `/busy`: interrupt, queue or steer.",
+			func(c *Config) *string { return &c.Worker.BusyMode }, oneOf(BusyInterrupt, BusyQueue, BusySteer)),
+		field("worker.max_turn_messages",
+			"Most inbox messages one turn takes. At least 1.",
+			func(c *Config) *int { return &c.Worker.MaxTurnMessages }, minInt(1)),
+		field("worker.max_turn_bytes",
+			"Most bytes of message text one turn takes (a turn always takes at least one message). At least 1.",
+			func(c *Config) *int { return &c.Worker.MaxTurnBytes }, minInt(1)),
+		field("worker.cache_size",
+			"Most agents kept warm in the worker's LRU cache. At least 1.",
+			func(c *Config) *int { return &c.Worker.CacheSize }, minInt(1)),
+		field("worker.cache_idle_ttl",
+			"A cached agent unused for this long is evicted. Positive.",
+			func(c *Config) *Duration { return &c.Worker.CacheIdleTTL }, minDuration(time.Millisecond)),
+		field("http.addr",
+			"host:port of the HTTP ingress.",
+			func(c *Config) *string { return &c.HTTP.Addr }, checkHostPort(false)),
+		field("http.token",
+			"Bearer token every HTTP request but /healthz and /readyz must carry. Empty: no authentication (secret: redacted when printed).",
+			func(c *Config) *string { return &c.HTTP.Token }, nil),
+		field("http.max_body_bytes",
+			"Largest accepted request body, in bytes. At least 1.",
+			func(c *Config) *int { return &c.HTTP.MaxBodyBytes }, minInt(1)),
+		field("delivery.max_attempts",
+			"Send attempts of one reply before it is recorded as failed. At least 1.",
+			func(c *Config) *int { return &c.Delivery.MaxAttempts }, minInt(1)),
+		field("delivery.backoff",
+			"Delay before the first retry of a failed send; it doubles per attempt. Positive.",
+			func(c *Config) *Duration { return &c.Delivery.Backoff }, minDuration(time.Millisecond)),
+		field("indexer.db",
+			"Path of the SQLite state database.",
+			func(c *Config) *string { return &c.Indexer.DB }, checkNonEmpty),
+		field("telemetry.metrics",
+			"Serve Prometheus metrics on /metrics (and export over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set).",
+			func(c *Config) *bool { return &c.Telemetry.Metrics }, nil),
+		field("telemetry.log_level",
+			"Minimum level logged: debug, info, warn or error.",
+			func(c *Config) *string { return &c.Telemetry.LogLevel }, oneOf("debug", "info", "warn", "error")),
+		field("telemetry.log_format",
+			"Log format: text or json.",
+			func(c *Config) *string { return &c.Telemetry.LogFormat }, oneOf("text", "json")),
+	)
+	for i := range ks {
+		if ks[i].path == "nats.url" {
+			ks[i].env = "NATS_URL"
+		}
+	}
+	return ks
+}
+
+// overridePlace is a location of a partial reset policy.
+type overridePlace struct {
+	path  string
+	what  string
+	load  func(c *Config, a []string) ResetOverride
+	store func(c *Config, a []string, o ResetOverride)
+	each  func(c *Config) [][]string
+}
+
+// overrideKeys returns the keys of every field of every reset override.
+func overrideKeys() []key {
+	places := []overridePlace{
+		{
+			path: "session_reset_by_chat_type." + placeholderChatType,
+			what: "for one chat type (dm, group, channel, thread)",
+			load: func(c *Config, a []string) ResetOverride { return c.SessionResetByChatType[a[0]] },
+			store: func(c *Config, a []string, o ResetOverride) {
+				if c.SessionResetByChatType == nil {
+					c.SessionResetByChatType = map[string]ResetOverride{}
+				}
+				c.SessionResetByChatType[a[0]] = o
+			},
+			each: func(c *Config) [][]string {
+				var out [][]string
+				for _, t := range sortedKeys(c.SessionResetByChatType) {
+					out = append(out, []string{t})
+				}
+				return out
+			},
+		},
+		{
+			path: "platforms." + placeholderPlatform + ".session_reset",
+			what: "for every chat of one platform",
+			load: func(c *Config, a []string) ResetOverride { return c.Platforms[session.Platform(a[0])].SessionReset },
+			store: func(c *Config, a []string, o ResetOverride) {
+				if c.Platforms == nil {
+					c.Platforms = map[session.Platform]PlatformConfig{}
+				}
+				pc := c.Platforms[session.Platform(a[0])]
+				pc.SessionReset = o
+				c.Platforms[session.Platform(a[0])] = pc
+			},
+			each: func(c *Config) [][]string {
+				var out [][]string
+				for _, p := range sortedKeys(c.Platforms) {
+					out = append(out, []string{string(p)})
+				}
+				return out
+			},
+		},
+		{
+			path: "platforms." + placeholderPlatform + ".session_reset_by_chat_type." + placeholderChatType,
+			what: "for one chat type of one platform",
+			load: func(c *Config, a []string) ResetOverride {
+				return c.Platforms[session.Platform(a[0])].SessionResetByChatType[a[1]]
+			},
+			store: func(c *Config, a []string, o ResetOverride) {
+				if c.Platforms == nil {
+					c.Platforms = map[session.Platform]PlatformConfig{}
+				}
+				pc := c.Platforms[session.Platform(a[0])]
+				if pc.SessionResetByChatType == nil {
+					pc.SessionResetByChatType = map[string]ResetOverride{}
+				}
+				pc.SessionResetByChatType[a[1]] = o
+				c.Platforms[session.Platform(a[0])] = pc
+			},
+			each: func(c *Config) [][]string {
+				var out [][]string
+				for _, p := range sortedKeys(c.Platforms) {
+					for _, t := range sortedKeys(c.Platforms[p].SessionResetByChatType) {
+						out = append(out, []string{string(p), t})
+					}
+				}
+				return out
+			},
+		},
+	}
+	type overrideField struct {
+		name, kind, desc string
+		check            func(any) string
+		get              func(o ResetOverride) (any, bool)
+		set              func(o *ResetOverride, v any)
+	}
+	fields := []overrideField{
+		{"mode", kindString, "`session_reset.mode`", checkMode,
+			func(o ResetOverride) (any, bool) {
+				if o.Mode == nil {
+					return nil, false
+				}
+				return string(*o.Mode), true
+			},
+			func(o *ResetOverride, v any) { m := session.ResetMode(v.(string)); o.Mode = &m }},
+		{"at_hour", kindInt, "`session_reset.at_hour`", checkAtHour,
+			func(o ResetOverride) (any, bool) {
+				if o.AtHour == nil {
+					return nil, false
+				}
+				return *o.AtHour, true
+			},
+			func(o *ResetOverride, v any) { n := v.(int); o.AtHour = &n }},
+		{"idle_minutes", kindInt, "`session_reset.idle_minutes`", checkIdleMinutes,
+			func(o ResetOverride) (any, bool) {
+				if o.IdleMinutes == nil {
+					return nil, false
+				}
+				return *o.IdleMinutes, true
+			},
+			func(o *ResetOverride, v any) { n := v.(int); o.IdleMinutes = &n }},
+		{"notify", kindBool, "`session_reset.notify`", nil,
+			func(o ResetOverride) (any, bool) {
+				if o.Notify == nil {
+					return nil, false
+				}
+				return *o.Notify, true
+			},
+			func(o *ResetOverride, v any) { b := v.(bool); o.Notify = &b }},
+	}
+	var ks []key
+	for _, pl := range places {
+		for _, f := range fields {
+			ks = append(ks, key{
+				path:  pl.path + "." + f.name,
+				kind:  f.kind,
+				def:   "inherited",
+				desc:  "Overrides " + f.desc + " " + pl.what + ". Unset: inherited (see \"Reset policy and its overrides\").",
+				check: f.check,
+				get:   func(c *Config, a []string) (any, bool) { return f.get(pl.load(c, a)) },
+				set: func(c *Config, a []string, v any) {
+					o := pl.load(c, a).clone()
+					f.set(&o, v)
+					pl.store(c, a, o)
+				},
+				each: pl.each,
+			})
+		}
+	}
+	return ks
+}
+
+func sortedKeys[K ~string, V any](m map[K]V) []K {
+	out := make([]K, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Keys returns every configuration key in documentation order.
+func Keys() []KeyInfo {
+	def := Default()
+	out := make([]KeyInfo, 0, len(keys))
+	for _, k := range keys {
+		d := k.def
+		if d == "" {
+			v, _ := k.get(&def, nil)
+			d = formatValue(v)
+		}
+		out = append(out, KeyInfo{Path: k.path, Env: k.envVar(), Type: k.kind, Default: d, Description: k.desc})
+	}
+	return out
+}
+
+// formatValue renders a key value as text.
+func formatValue(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case bool:
+		return strconv.FormatBool(v)
+	case int:
+		return strconv.Itoa(v)
+	case Duration:
+		return v.String()
+	case nil:
+		return ""
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+// parseValue parses text as a value of kind; problem quotes s when it fails.
+func parseValue(kind, s string) (v any, problem string) {
+	switch kind {
+	case kindString:
+		return s, ""
+	case kindBool:
+		b, err := strconv.ParseBool(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Sprintf("%q is not a boolean (true or false)", s)
+		}
+		return b, ""
+	case kindInt:
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Sprintf("%q is not an integer", s)
+		}
+		return n, ""
+	case kindDuration:
+		d, err := ParseDuration(s)
+		if err != nil {
+			return nil, durationProblem(s)
+		}
+		return d, ""
+	}
+	return nil, fmt.Sprintf("%q: unsupported kind %s", s, kind)
+}
+
+// lookupKey finds the key of a concrete path and its placeholder arguments.
+func lookupKey(path string) (key, []string, error) {
+	segs := strings.Split(path, ".")
+	for _, k := range keys {
+		pat := strings.Split(k.path, ".")
+		if len(pat) != len(segs) {
+			continue
+		}
+		var args []string
+		match := true
+		for i, p := range pat {
+			if isPlaceholder(p) {
+				if segs[i] == "" {
+					match = false
+					break
+				}
+				args = append(args, segs[i])
+				continue
+			}
+			if p != segs[i] {
+				match = false
+				break
+			}
+		}
+		if !match {
+			continue
+		}
+		// Refuse an unknown platform or chat type at the segment that names it.
+		j := 0
+		for i, p := range pat {
+			if !isPlaceholder(p) {
+				continue
+			}
+			if r := checkPlaceholder(p, args[j]); r != "" {
+				return key{}, nil, &FieldError{Field: strings.Join(segs[:i+1], "."), Value: args[j], Reason: r}
+			}
+			j++
+		}
+		return k, args, nil
+	}
+	return key{}, nil, &FieldError{Field: path, Value: path, Reason: "unknown key"}
+}
+
+// Set parses value for the scalar key at path (a YAML path such as
+// "http.addr" or "platforms.telegram.session_reset.mode") and stores it, with
+// the same parsing and per-field checks as environment variables. Checks that
+// involve several fields (lease.margin against lease.ttl, ...) are left to
+// Validate: call it after the last Set.
+func (c *Config) Set(path, value string) error {
+	return c.set(path, value, "")
+}
+
+func (c *Config) set(path, value, source string) error {
+	k, args, err := lookupKey(path)
+	if err != nil {
+		var fe *FieldError
+		if asFieldError(err, &fe) {
+			fe.Source = source
+		}
+		return err
+	}
+	v, problem := parseValue(k.kind, value)
+	if problem == "" && k.check != nil {
+		problem = k.check(v)
+	}
+	if problem != "" {
+		return &FieldError{Field: path, Value: value, Reason: problem, Source: source}
+	}
+	k.set(c, args, v)
+	return nil
+}
+
+// applyEnv sets every key whose environment variable is set and not empty,
+// recording the variable in origin. It returns one error per refused value.
+func (c *Config) applyEnv(env func(string) (string, bool), origin map[string]string) []error {
+	var errs []error
+	for _, k := range keys {
+		name := k.envVar()
+		if name == "" {
+			continue
+		}
+		v, ok := env(name)
+		if !ok || v == "" {
+			continue
+		}
+		if err := c.set(k.path, v, name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		origin[k.path] = name
+	}
+	return errs
+}

@@ -1,0 +1,315 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/url"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/agentfleet/agentfleet/session"
+)
+
+// knownPlatforms are the platform names accepted under platforms.<name>.
+var knownPlatforms = []session.Platform{
+	session.PlatformTelegram, session.PlatformDiscord, session.PlatformSlack, session.PlatformWhatsApp,
+	session.PlatformSignal, session.PlatformMatrix, session.PlatformMattermost, session.PlatformEmail,
+	session.PlatformSMS, session.PlatformHomeAssistant, session.PlatformFeishu, session.PlatformDingTalk,
+	session.PlatformWeCom, session.PlatformLocal, session.PlatformHTTP, session.PlatformCLI,
+}
+
+// knownChatTypes are the chat types accepted under session_reset_by_chat_type.<type>.
+var knownChatTypes = []string{session.ChatDM, session.ChatGroup, session.ChatChannel, session.ChatThread}
+
+// Validate checks every value and returns all the problems at once, joined
+// with errors.Join; each is a *FieldError naming the key's YAML path and the
+// refused value, e.g.
+//
+//	config: lease.ttl: "1s" is below the minimum of 3s
+func (c *Config) Validate() error {
+	var errs []error
+	add := func(field, value, reason string) {
+		errs = append(errs, &FieldError{Field: field, Value: value, Reason: reason})
+	}
+
+	// Map keys: platform names and chat types.
+	for _, t := range sortedKeys(c.SessionResetByChatType) {
+		if r := checkPlaceholder(placeholderChatType, t); r != "" {
+			add("session_reset_by_chat_type."+t, t, r)
+		}
+	}
+	for _, p := range sortedKeys(c.Platforms) {
+		if r := checkPlaceholder(placeholderPlatform, string(p)); r != "" {
+			add("platforms."+string(p), string(p), r)
+		}
+		for _, t := range sortedKeys(c.Platforms[p].SessionResetByChatType) {
+			if r := checkPlaceholder(placeholderChatType, t); r != "" {
+				add("platforms."+string(p)+".session_reset_by_chat_type."+t, t, r)
+			}
+		}
+	}
+
+	// Every key on its own.
+	for _, k := range keys {
+		if k.check == nil {
+			continue
+		}
+		for _, a := range k.instances(c) {
+			v, ok := k.get(c, a)
+			if !ok {
+				continue
+			}
+			if r := k.check(v); r != "" {
+				add(k.concrete(a), formatValue(v), r)
+			}
+		}
+	}
+
+	// Keys that depend on each other.
+	// (A ttl below its minimum is reported above; the margin is judged against a valid one.)
+	if ttl, m := c.Lease.TTL, c.Lease.Margin; m > 0 && ttl.Duration() >= minLeaseTTL && 2*m >= ttl {
+		add("lease.margin", m.String(), fmt.Sprintf("%q must be less than half of lease.ttl (%s)", m.String(), ttl))
+	}
+	if c.NATS.Password != "" && c.NATS.User == "" {
+		add("nats.password", redactedValue, "is set but nats.user is empty")
+	}
+	var auth []string
+	if c.NATS.User != "" {
+		auth = append(auth, "nats.user")
+	}
+	if c.NATS.Creds != "" {
+		auth = append(auth, "nats.creds")
+	}
+	if c.NATS.Token != "" {
+		auth = append(auth, "nats.token")
+	}
+	if len(auth) > 1 {
+		add("nats", strings.Join(auth, ", "), fmt.Sprintf("more than one authentication method is set (%s); set only one", strings.Join(auth, ", ")))
+	}
+	if (c.NATS.TLS.Cert == "") != (c.NATS.TLS.Key == "") {
+		if c.NATS.TLS.Cert != "" {
+			add("nats.tls.key", "", fmt.Sprintf("is empty but nats.tls.cert is %q; set both or neither", c.NATS.TLS.Cert))
+		} else {
+			add("nats.tls.cert", "", fmt.Sprintf("is empty but nats.tls.key is %q; set both or neither", c.NATS.TLS.Key))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkPlaceholder validates the value of a <platform> or <chat_type> segment.
+func checkPlaceholder(placeholder, v string) string {
+	switch placeholder {
+	case placeholderPlatform:
+		for _, p := range knownPlatforms {
+			if string(p) == v {
+				return ""
+			}
+		}
+		names := make([]string, len(knownPlatforms))
+		for i, p := range knownPlatforms {
+			names[i] = string(p)
+		}
+		return fmt.Sprintf("%q is not a known platform (%s)", v, strings.Join(names, ", "))
+	case placeholderChatType:
+		for _, t := range knownChatTypes {
+			if t == v {
+				return ""
+			}
+		}
+		return fmt.Sprintf("%q is not a chat type (%s)", v, strings.Join(knownChatTypes, ", "))
+	}
+	return ""
+}
+
+func minInt(min int) func(any) string {
+	return func(v any) string {
+		if n := v.(int); n < min {
+			return fmt.Sprintf("%q is below the minimum of %d", strconv.Itoa(n), min)
+		}
+		return ""
+	}
+}
+
+func minDuration(min time.Duration) func(any) string {
+	return func(v any) string {
+		d := v.(Duration)
+		if d.Duration() >= min {
+			return ""
+		}
+		switch {
+		case min == 0:
+			return fmt.Sprintf("%q must not be negative", d.String())
+		case min <= time.Millisecond:
+			return fmt.Sprintf("%q must be positive", d.String())
+		}
+		return fmt.Sprintf("%q is below the minimum of %s", d.String(), Duration(min))
+	}
+}
+
+func oneOf(values ...string) func(any) string {
+	return func(v any) string {
+		s := v.(string)
+		for _, ok := range values {
+			if s == ok {
+				return ""
+			}
+		}
+		return fmt.Sprintf("%q is not one of %s", s, strings.Join(values, ", "))
+	}
+}
+
+var checkMode = oneOf(string(session.ResetNone), string(session.ResetIdle), string(session.ResetDaily), string(session.ResetBoth))
+
+func checkAtHour(v any) string {
+	if n := v.(int); n < 0 || n > 23 {
+		return fmt.Sprintf("%q is not an hour (0..23)", strconv.Itoa(n))
+	}
+	return ""
+}
+
+var checkIdleMinutes = minInt(1)
+
+func checkReplicas(v any) string {
+	switch v.(int) {
+	case 1, 3, 5:
+		return ""
+	}
+	return fmt.Sprintf("%q is not a replica count (1, 3 or 5)", strconv.Itoa(v.(int)))
+}
+
+func checkNonEmpty(v any) string {
+	if strings.TrimSpace(v.(string)) == "" {
+		return fmt.Sprintf("%q must not be empty", v.(string))
+	}
+	return ""
+}
+
+func checkTimezone(v any) string {
+	if _, err := loadLocation(v.(string)); err != nil {
+		return fmt.Sprintf("%q is not a known time zone (use an IANA name like \"Europe/Paris\", \"UTC\" or \"Local\")", v.(string))
+	}
+	return ""
+}
+
+var prefixRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+func checkPrefix(v any) string {
+	if !prefixRE.MatchString(v.(string)) {
+		return fmt.Sprintf("%q must be letters, digits, '_' or '-' only, and not empty", v.(string))
+	}
+	return ""
+}
+
+func checkWorkerID(v any) string {
+	s := v.(string)
+	for _, r := range s {
+		if unicode.IsSpace(r) || !unicode.IsPrint(r) {
+			return fmt.Sprintf("%q must not contain spaces or control characters", s)
+		}
+	}
+	return ""
+}
+
+func checkHostPort(allowEmpty bool) func(any) string {
+	return func(v any) string {
+		s := v.(string)
+		if s == "" && allowEmpty {
+			return ""
+		}
+		_, port, err := net.SplitHostPort(s)
+		if err != nil {
+			return fmt.Sprintf("%q is not host:port (like \":8080\" or \"127.0.0.1:8080\")", s)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			return fmt.Sprintf("%q has an invalid port %q (0..65535)", s, port)
+		}
+		return ""
+	}
+}
+
+func checkNATSURL(v any) string {
+	s := v.(string)
+	if strings.TrimSpace(s) == "" {
+		return fmt.Sprintf("%q must not be empty", s)
+	}
+	for part := range strings.SplitSeq(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			return fmt.Sprintf("%q has an empty URL in its list", s)
+		}
+		raw := part
+		if !strings.Contains(part, "://") {
+			raw = "nats://" + part
+		}
+		u, err := url.Parse(raw)
+		if err != nil || u.Host == "" {
+			return fmt.Sprintf("%q is not a NATS URL (like \"nats://127.0.0.1:4222\")", s)
+		}
+		switch u.Scheme {
+		case "nats", "tls", "ws", "wss":
+		default:
+			return fmt.Sprintf("%q has scheme %q; want nats, tls, ws or wss", s, u.Scheme)
+		}
+	}
+	return ""
+}
+
+func checkFile(v any) string {
+	s := v.(string)
+	if s == "" {
+		return ""
+	}
+	fi, err := os.Stat(s)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("%q cannot be read: %v", s, statReason(err))
+	case fi.IsDir():
+		return fmt.Sprintf("%q is a directory, not a file", s)
+	}
+	return ""
+}
+
+func checkDir(v any) string {
+	s := v.(string)
+	if s == "" {
+		return ""
+	}
+	fi, err := os.Stat(s)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("%q cannot be read: %v", s, statReason(err))
+	case !fi.IsDir():
+		return fmt.Sprintf("%q is not a directory", s)
+	}
+	return ""
+}
+
+func checkSync(v any) string {
+	s := v.(string)
+	switch s {
+	case SyncDefault, SyncAlways:
+		return ""
+	}
+	d, err := ParseDuration(s)
+	if err != nil || d <= 0 {
+		return fmt.Sprintf("%q is not a sync policy (\"default\", \"always\", or a positive interval like \"10s\")", s)
+	}
+	return ""
+}
+
+// statReason drops the path from a stat error: the message already quotes it.
+func statReason(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+func asFieldError(err error, target **FieldError) bool { return errors.As(err, target) }

@@ -1,0 +1,304 @@
+package ingress
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/session"
+)
+
+// messageRequest is the body of POST /v1/messages.
+type messageRequest struct {
+	Platform  string `json:"platform"`
+	ChatID    string `json:"chat_id"`
+	ChatType  string `json:"chat_type"`
+	UserID    string `json:"user_id"`
+	UserIDAlt string `json:"user_id_alt"`
+	UserName  string `json:"user_name"`
+	ThreadID  string `json:"thread_id"`
+	ChatName  string `json:"chat_name"`
+	MessageID string `json:"message_id"`
+	Text      string `json:"text"`
+}
+
+// acceptResponse is the 202 answer of POST /v1/messages.
+type acceptResponse struct {
+	SessionKey string `json:"session_key"`
+	Seq        uint64 `json:"seq"`
+	Duplicate  bool   `json:"duplicate"`
+}
+
+// inboxMessage is an accepted message, ready to publish.
+type inboxMessage struct {
+	inbound session.Inbound
+	lane    string
+	subject string
+	// msgID is the Nats-Msg-Id: the platform message id, or a random id.
+	msgID string
+}
+
+func (s *Server) handlePostMessage(w http.ResponseWriter, r *http.Request) {
+	req, e := decodeMessage(w, r, s.cfg.MaxBodyBytes)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	m, e := s.buildInbound(req, time.Now().UTC())
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	resp, e := s.accept(r, m)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	s.log.LogAttrs(r.Context(), slog.LevelDebug, "message accepted",
+		slog.String("session_key", resp.SessionKey),
+		slog.String("subject", m.subject),
+		slog.String("kind", m.inbound.Kind),
+		slog.String("platform_msg_id", m.inbound.PlatformMsgID),
+		slog.Uint64("seq", resp.Seq),
+		slog.Bool("duplicate", resp.Duplicate))
+	writeJSON(w, http.StatusAccepted, resp)
+}
+
+// decodeMessage reads exactly one JSON object of known fields, at most max
+// bytes long.
+func decodeMessage(w http.ResponseWriter, r *http.Request, max int64) (*messageRequest, *apiError) {
+	tooLarge := func() *apiError {
+		return errorf(http.StatusRequestEntityTooLarge, "request body is larger than %d bytes", max)
+	}
+	if r.ContentLength > max {
+		return nil, tooLarge()
+	}
+	body := http.MaxBytesReader(w, r.Body, max)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	var req messageRequest
+	if err := dec.Decode(&req); err != nil {
+		return nil, decodeError(err, tooLarge)
+	}
+	// Nothing but white space may follow the object.
+	rest, err := io.ReadAll(io.MultiReader(dec.Buffered(), body))
+	if err != nil {
+		return nil, decodeError(err, tooLarge)
+	}
+	if len(bytes.TrimSpace(rest)) > 0 {
+		return nil, badRequest("request body must hold exactly one JSON object; found more data after it")
+	}
+	return &req, nil
+}
+
+// decodeError turns a JSON decoding error into a message naming the problem.
+func decodeError(err error, tooLarge func() *apiError) *apiError {
+	var (
+		maxErr    *http.MaxBytesError
+		syntaxErr *json.SyntaxError
+		typeErr   *json.UnmarshalTypeError
+	)
+	switch {
+	case errors.As(err, &maxErr):
+		return tooLarge()
+	case errors.Is(err, io.EOF):
+		return badRequest("request body is empty; want a JSON object with chat_id and text")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return badRequest("malformed JSON: the body ends in the middle of a value")
+	case errors.As(err, &syntaxErr):
+		return badRequest("malformed JSON at byte %d: %v", syntaxErr.Offset, syntaxErr)
+	case errors.As(err, &typeErr):
+		if typeErr.Field == "" {
+			return badRequest("request body must be a JSON object, not %s", typeErr.Value)
+		}
+		return badRequest("field %s must be a %s, not %s", typeErr.Field, typeErr.Type, typeErr.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		// encoding/json has no typed error for DisallowUnknownFields.
+		return badRequest("unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
+	default:
+		return badRequest("malformed JSON: %v", err)
+	}
+}
+
+// buildInbound validates req and derives everything the inbox message needs.
+func (s *Server) buildInbound(req *messageRequest, now time.Time) (*inboxMessage, *apiError) {
+	if strings.TrimSpace(req.Text) == "" {
+		return nil, badRequest("text is required and must not be blank")
+	}
+	if strings.TrimSpace(req.ChatID) == "" {
+		return nil, badRequest("chat_id is required")
+	}
+	platform := session.PlatformHTTP
+	if req.Platform != "" {
+		p, err := session.ParsePlatform(req.Platform)
+		if err != nil {
+			return nil, badRequest("platform: %v", err)
+		}
+		platform = p
+	}
+	src := session.SessionSource{
+		Platform:  platform,
+		ChatID:    req.ChatID,
+		ChatName:  req.ChatName,
+		ChatType:  req.ChatType,
+		UserID:    req.UserID,
+		UserName:  req.UserName,
+		ThreadID:  req.ThreadID,
+		UserIDAlt: req.UserIDAlt,
+		MessageID: req.MessageID,
+	}
+	src.Normalize()
+	if err := src.Validate(); err != nil {
+		return nil, badRequest("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+
+	key := session.BuildSessionKey(src, s.cfg.KeyOptions)
+	lane := session.LaneToken(key)
+	kind, command, args := session.Classify(req.Text)
+	text := req.Text
+	if kind == session.KindQueue {
+		text = args
+	}
+	m := &inboxMessage{
+		inbound: session.Inbound{
+			Source:     src,
+			SessionKey: key,
+			Kind:       kind,
+			Text:       text,
+			Command:    command,
+			Args:       args,
+			ReceivedAt: now,
+		},
+		lane:    lane,
+		subject: s.names.InboxSubject(session.Partition(s.names.Prefix(), lane), lane),
+	}
+	if req.MessageID != "" {
+		m.inbound.PlatformMsgID = platformMsgID(platform, req.ChatID, req.MessageID)
+		m.msgID = m.inbound.PlatformMsgID
+	} else {
+		m.msgID = randomID()
+	}
+	return m, nil
+}
+
+// accept publishes m unless it is a known duplicate, and answers only once
+// the inbox holds it.
+func (s *Server) accept(r *http.Request, m *inboxMessage) (*acceptResponse, *apiError) {
+	key := m.inbound.SessionKey
+	pmid := m.inbound.PlatformMsgID
+	var corrupt bool
+	if pmid != "" {
+		// A retry beyond the stream's de-duplication window is caught here.
+		seq, found, bad, err := s.lookupMsgID(r, pmid)
+		if err != nil {
+			return nil, unavailable("cannot check the message id for duplicates; retry", err)
+		}
+		if found {
+			return &acceptResponse{SessionKey: key, Seq: seq, Duplicate: true}, nil
+		}
+		corrupt = bad
+	}
+
+	body, err := json.Marshal(m.inbound)
+	if err != nil {
+		return nil, &apiError{status: http.StatusInternalServerError, msg: "cannot encode the message", err: err}
+	}
+	msg := nats.NewMsg(m.subject)
+	msg.Data = body
+	msg.Header.Set(broker.HdrSessionKey, key)
+	msg.Header.Set(broker.HdrKind, m.inbound.Kind)
+	if pmid != "" {
+		msg.Header.Set(broker.HdrPlatformMsgID, pmid)
+	}
+	ctx, cancel := s.opContext(r)
+	ack, err := s.js.PublishMsg(ctx, msg,
+		jetstream.WithMsgID(m.msgID),
+		jetstream.WithExpectStream(s.names.InboxStream()))
+	cancel()
+	if err != nil {
+		return nil, unavailable("the message could not be stored; retry", fmt.Errorf("publish to %s: %w", m.subject, err))
+	}
+	resp := &acceptResponse{SessionKey: key, Seq: ack.Sequence, Duplicate: ack.Duplicate}
+	if pmid == "" {
+		return resp, nil
+	}
+	// Remember the id past the stream's window. On a stream duplicate this
+	// repairs a record an earlier attempt may have missed.
+	ctx, cancel = s.opContext(r)
+	owner := ack.Sequence
+	if corrupt {
+		_, err = s.res.MsgIDs.Put(ctx, s.msgIDs.Key(pmid), []byte(strconv.FormatUint(ack.Sequence, 10)))
+	} else {
+		owner, err = s.msgIDs.Record(ctx, pmid, ack.Sequence)
+	}
+	cancel()
+	if err != nil {
+		// The message is stored but a retry days later would not be seen as a
+		// duplicate: ask for the retry now, which the stream window catches.
+		return nil, unavailable("the message was stored but its id could not be recorded; retry", err)
+	}
+	if owner != ack.Sequence {
+		// The id was incorporated earlier under another seq (beyond the
+		// stream window); the worker treats this copy as a duplicate.
+		resp.Seq, resp.Duplicate = owner, true
+	}
+	return resp, nil
+}
+
+// lookupMsgID returns the inbox seq recorded for pmid, if any. A record
+// that is not a seq says nothing (corrupt): the stream's Msg-Id window
+// decides, and the caller overwrites it.
+func (s *Server) lookupMsgID(r *http.Request, pmid string) (seq uint64, found, corrupt bool, err error) {
+	ctx, cancel := s.opContext(r)
+	defer cancel()
+	e, err := s.res.MsgIDs.Get(ctx, s.msgIDs.Key(pmid))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, false, false, nil
+	}
+	if err != nil {
+		return 0, false, false, fmt.Errorf("get msgid %s: %w", pmid, err)
+	}
+	seq, err = strconv.ParseUint(string(e.Value()), 10, 64)
+	if err != nil {
+		s.log.LogAttrs(r.Context(), slog.LevelWarn, "replacing unreadable msgids record",
+			slog.String("platform_msg_id", pmid), slog.String("value", string(e.Value())))
+		return 0, false, true, nil
+	}
+	return seq, true, false, nil
+}
+
+// platformMsgID is "<platform>:<chat_id>:<message_id>". '%' and ':' inside
+// the ids are percent-escaped, so two different (chat, message) pairs never
+// give the same id; ids without them read as is.
+func platformMsgID(p session.Platform, chatID, messageID string) string {
+	return string(p) + ":" + escapeColon(chatID) + ":" + escapeColon(messageID)
+}
+
+var colonEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
+
+func escapeColon(s string) string {
+	if !strings.ContainsAny(s, "%:") {
+		return s
+	}
+	return colonEscaper.Replace(s)
+}
+
+// randomID is a Nats-Msg-Id for a message without a platform id.
+func randomID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return "rand:" + hex.EncodeToString(b[:])
+}

@@ -1,0 +1,325 @@
+package ingress
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/session"
+)
+
+// Defaults of Config.
+const (
+	DefaultMaxBodyBytes    int64 = 1 << 20
+	DefaultPublishTimeout        = 5 * time.Second
+	DefaultEventsHeartbeat       = 15 * time.Second
+)
+
+// MaxWait caps the wait of a long poll on /replies.
+const MaxWait = 60 * time.Second
+
+// Config configures the HTTP adapter.
+type Config struct {
+	// Names are the fleet's subject, stream and bucket names. Defaults to the
+	// names of broker.DefaultPrefix.
+	Names broker.Names
+	// KeyOptions derive session keys from sources. They must be the ones the
+	// rest of the fleet uses (fleetctl key, the other adapters). The zero
+	// value isolates no group session per user: pass
+	// session.DefaultKeyOptions() for the defaults.
+	KeyOptions session.KeyOptions
+	// Token is the bearer token every /v1 request must carry in
+	// "Authorization: Bearer <token>". Empty means no authentication.
+	Token string
+	// MaxBodyBytes caps the body of POST /v1/messages; a larger body is
+	// answered 413. Defaults to 1 MiB.
+	MaxBodyBytes int64
+	// Logger receives structured logs. Defaults to a discard logger.
+	Logger *slog.Logger
+	// PublishTimeout bounds each NATS operation of a request: the msgids
+	// lookup, the inbox publish and its PubAck, the msgids record, a
+	// session read. Defaults to 5s.
+	PublishTimeout time.Duration
+	// EventsHeartbeat is the interval of the comment lines that keep an idle
+	// event stream open through proxies. Defaults to 15s.
+	EventsHeartbeat time.Duration
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Names.Prefix() == "" {
+		c.Names = broker.MustNames(broker.DefaultPrefix)
+	}
+	if c.MaxBodyBytes < 0 {
+		return c, fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidConfig, c.MaxBodyBytes)
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.PublishTimeout < 0 {
+		return c, fmt.Errorf("%w: PublishTimeout %s is negative", ErrInvalidConfig, c.PublishTimeout)
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = DefaultPublishTimeout
+	}
+	if c.EventsHeartbeat < 0 {
+		return c, fmt.Errorf("%w: EventsHeartbeat %s is negative", ErrInvalidConfig, c.EventsHeartbeat)
+	}
+	if c.EventsHeartbeat == 0 {
+		c.EventsHeartbeat = DefaultEventsHeartbeat
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
+
+// Server is the HTTP adapter. Its methods are safe for concurrent use.
+type Server struct {
+	js     jetstream.JetStream
+	res    *broker.Resources
+	cfg    Config
+	names  broker.Names
+	log    *slog.Logger
+	msgIDs *kv.MsgIDs
+
+	// tokenSum is the SHA-256 of Config.Token, compared in constant time.
+	tokenSum [sha256.Size]byte
+
+	ready   atomic.Pointer[func() error]
+	handler http.Handler
+
+	// closed ends long polls and event streams (Close).
+	closed    context.Context
+	closeFunc context.CancelFunc
+}
+
+// New returns the HTTP adapter publishing into res (see broker.Provision).
+func New(js jetstream.JetStream, res *broker.Resources, cfg Config) (*Server, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if js == nil {
+		return nil, fmt.Errorf("%w: JetStream is nil", ErrInvalidConfig)
+	}
+	if err := checkResources(res, cfg.Names); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		js:     js,
+		res:    res,
+		cfg:    cfg,
+		names:  cfg.Names,
+		log:    cfg.Logger,
+		msgIDs: kv.NewMsgIDs(res),
+	}
+	s.tokenSum = sha256.Sum256([]byte(cfg.Token))
+	s.closed, s.closeFunc = context.WithCancel(context.Background())
+	s.handler = s.routes()
+	return s, nil
+}
+
+// checkResources makes sure res holds what the adapter uses, provisioned for
+// the same names.
+func checkResources(res *broker.Resources, names broker.Names) error {
+	if res == nil {
+		return fmt.Errorf("%w: Resources is nil", ErrInvalidConfig)
+	}
+	for _, r := range []struct {
+		name string
+		ok   bool
+	}{
+		{"Inbox", res.Inbox != nil},
+		{"Outbox", res.Outbox != nil},
+		{"Sessions", res.Sessions != nil},
+		{"MsgIDs", res.MsgIDs != nil},
+		{"Delivered", res.Delivered != nil},
+	} {
+		if !r.ok {
+			return fmt.Errorf("%w: Resources.%s is nil (run broker.Provision)", ErrInvalidConfig, r.name)
+		}
+	}
+	for _, st := range []struct {
+		s    jetstream.Stream
+		want string
+	}{
+		{res.Inbox, names.InboxStream()},
+		{res.Outbox, names.OutboxStream()},
+	} {
+		if info := st.s.CachedInfo(); info != nil && info.Config.Name != st.want {
+			return fmt.Errorf("%w: stream %s was provisioned for other names than prefix %q (want %s)",
+				ErrInvalidConfig, info.Config.Name, names.Prefix(), st.want)
+		}
+	}
+	return nil
+}
+
+// Handler returns the HTTP handler of every route.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// SetReady sets the readiness check of GET /readyz: the server is ready when
+// its NATS connection is up and ready returns nil (nil ready: always).
+func (s *Server) SetReady(ready func() error) {
+	if ready == nil {
+		s.ready.Store(nil)
+		return
+	}
+	s.ready.Store(&ready)
+}
+
+// Close ends every long poll (with an empty answer) and event stream in
+// progress, so that http.Server.Shutdown does not wait for them. New ones
+// end at once. Close is idempotent; the handler keeps serving other routes.
+func (s *Server) Close() { s.closeFunc() }
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", s.handleHealthz)
+	mux.HandleFunc("GET /readyz", s.handleReadyz)
+	mux.Handle("POST /v1/messages", s.authed(s.handlePostMessage))
+	mux.Handle("GET /v1/sessions/{session_key}", s.authed(s.handleGetSession))
+	mux.Handle("GET /v1/sessions/{session_key}/replies", s.authed(s.handleReplies))
+	mux.Handle("GET /v1/sessions/{session_key}/events", s.authed(s.handleEvents))
+
+	// The same paths with any other method: 405 with a JSON body (the mux's
+	// own 405 is plain text).
+	for path, allow := range map[string]string{
+		"/healthz":                           "GET, HEAD",
+		"/readyz":                            "GET, HEAD",
+		"/v1/messages":                       "POST",
+		"/v1/sessions/{session_key}":         "GET, HEAD",
+		"/v1/sessions/{session_key}/replies": "GET, HEAD",
+		"/v1/sessions/{session_key}/events":  "GET, HEAD",
+	} {
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			e := errorf(http.StatusMethodNotAllowed, "method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow)
+			e.header = http.Header{"Allow": {allow}}
+			s.writeError(w, r, e)
+		})
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, errorf(http.StatusNotFound, "no route for %s %s", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+// authed wraps h with the bearer-token check when a token is configured.
+func (s *Server) authed(h http.HandlerFunc) http.Handler {
+	if s.cfg.Token == "" {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if e := s.checkToken(r); e != nil {
+			s.writeError(w, r, e)
+			return
+		}
+		h(w, r)
+	})
+}
+
+func (s *Server) checkToken(r *http.Request) *apiError {
+	const realm = `Bearer realm="agentfleet"`
+	auth := r.Header.Get("Authorization")
+	scheme, token, ok := strings.Cut(auth, " ")
+	if auth == "" || !ok || !strings.EqualFold(scheme, "Bearer") {
+		e := errorf(http.StatusUnauthorized, "missing bearer token: send Authorization: Bearer <token>")
+		e.header = http.Header{"Www-Authenticate": {realm}}
+		return e
+	}
+	sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
+	if subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) != 1 {
+		e := errorf(http.StatusUnauthorized, "invalid bearer token")
+		e.header = http.Header{"Www-Authenticate": {realm + `, error="invalid_token"`}}
+		return e
+	}
+	return nil
+}
+
+func (s *Server) handleHealthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
+	if nc := s.js.Conn(); nc == nil || nc.Status() != nats.CONNECTED {
+		status := "no connection"
+		if nc != nil {
+			status = nc.Status().String()
+		}
+		s.writeError(w, r, errorf(http.StatusServiceUnavailable, "nats connection is %s", strings.ToLower(status)))
+		return
+	}
+	if ready := s.ready.Load(); ready != nil {
+		if err := (*ready)(); err != nil {
+			s.writeError(w, r, errorf(http.StatusServiceUnavailable, "not ready: %v", err))
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// opContext bounds one NATS operation of a request by PublishTimeout. It is
+// not cancelled when the client goes away: a publish the server has started
+// completes (and is recorded) so a retry finds it.
+func (s *Server) opContext(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.PublishTimeout)
+}
+
+// streamContext is the context of a long poll or an event stream: it ends
+// when the client goes away or Close is called.
+func (s *Server) streamContext(r *http.Request) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(r.Context())
+	stop := context.AfterFunc(s.closed, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+// writeError answers e, logging server-side failures with their cause.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, e *apiError) {
+	for k, v := range e.header {
+		w.Header()[k] = v
+	}
+	level := slog.LevelDebug
+	if e.status >= 500 {
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{
+		slog.String("method", r.Method),
+		slog.String("path", r.URL.Path),
+		slog.Int("status", e.status),
+		slog.String("error", e.msg),
+	}
+	if e.err != nil {
+		attrs = append(attrs, slog.Any("cause", e.err))
+	}
+	s.log.LogAttrs(r.Context(), level, "request failed", attrs...)
+	writeJSON(w, e.status, errorBody{Error: e.msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		body = []byte(`{"error":"cannot encode the response"}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}

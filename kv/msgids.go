@@ -1,0 +1,68 @@
+package kv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/session"
+)
+
+// MsgIDs remembers which inbox sequence incorporated a platform message id,
+// for the longest platform retry horizon (the bucket's TTL). The stream's
+// Msg-Id window is minutes; this is what makes a retry days later a duplicate.
+type MsgIDs struct {
+	kv jetstream.KeyValue
+}
+
+// NewMsgIDs returns the msgids store.
+func NewMsgIDs(res *broker.Resources) *MsgIDs { return &MsgIDs{kv: res.MsgIDs} }
+
+// Key is the bucket key of a platform message id.
+func (m *MsgIDs) Key(platformMsgID string) string { return session.LaneToken(platformMsgID) }
+
+// Lookup returns the inbox seq recorded for id.
+func (m *MsgIDs) Lookup(ctx context.Context, id string) (uint64, bool, error) {
+	e, err := m.kv.Get(ctx, m.Key(id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	seq, err := strconv.ParseUint(string(e.Value()), 10, 64)
+	if err != nil {
+		return 0, false, fmt.Errorf("msgid %s: bad value %q", id, e.Value())
+	}
+	return seq, true, nil
+}
+
+// Record claims id for seq. It returns the seq that owns the id: seq itself,
+// or an earlier one when the id was already incorporated (a duplicate). It is
+// idempotent: recording the same id and seq again returns seq.
+func (m *MsgIDs) Record(ctx context.Context, id string, seq uint64) (uint64, error) {
+	for attempt := 1; ; attempt++ {
+		_, err := m.kv.Create(ctx, m.Key(id), []byte(strconv.FormatUint(seq, 10)))
+		if err == nil {
+			return seq, nil
+		}
+		if !isConflict(err) {
+			return 0, fmt.Errorf("record msgid %s: %w", id, err)
+		}
+		owner, ok, err := m.Lookup(ctx, id)
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			return owner, nil
+		}
+		// The claim expired between the two calls: claim it again.
+		if attempt >= 3 {
+			return 0, fmt.Errorf("record msgid %s: claim keeps disappearing", id)
+		}
+	}
+}

@@ -1,0 +1,162 @@
+package session
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// Defaults of the reset policy (seeds/session-lifecycle.md §6).
+const (
+	DefaultResetAtHour      = 4
+	DefaultResetIdleMinutes = 1440
+)
+
+// DefaultResetPolicy returns the default policy: reset on whichever comes
+// first, the daily boundary at 04:00 local time or 1440 idle minutes, and
+// notify the user.
+func DefaultResetPolicy() ResetPolicy {
+	return ResetPolicy{Mode: ResetBoth, AtHour: DefaultResetAtHour, IdleMinutes: DefaultResetIdleMinutes, Notify: true}
+}
+
+// Valid reports whether m is none, idle, daily or both.
+func (m ResetMode) Valid() bool {
+	switch m {
+	case ResetNone, ResetIdle, ResetDaily, ResetBoth:
+		return true
+	}
+	return false
+}
+
+func (m ResetMode) usesIdle() bool  { return m == ResetIdle || m == ResetBoth }
+func (m ResetMode) usesDaily() bool { return m == ResetDaily || m == ResetBoth }
+
+// Validate reports every problem of p, joined, each wrapping
+// ErrInvalidResetPolicy: a mode other than none, idle, daily or both; an
+// at_hour outside 0..23; idle_minutes below 1 when the mode uses the idle
+// timeout.
+func (p ResetPolicy) Validate() error {
+	var errs []error
+	if !p.Mode.Valid() {
+		errs = append(errs, fmt.Errorf("%w: mode %q: must be none, idle, daily or both", ErrInvalidResetPolicy, p.Mode))
+	}
+	if p.AtHour < 0 || p.AtHour > 23 {
+		errs = append(errs, fmt.Errorf("%w: at_hour %d: must be within 0..23", ErrInvalidResetPolicy, p.AtHour))
+	}
+	if p.Mode.usesIdle() && p.IdleMinutes < 1 {
+		errs = append(errs, fmt.Errorf("%w: idle_minutes %d: must be at least 1 with mode %q", ErrInvalidResetPolicy, p.IdleMinutes, p.Mode))
+	}
+	return errors.Join(errs...)
+}
+
+// PolicyFor resolves the policy of a platform and chat type (an empty chat
+// type is "dm"). The most specific match wins: ByPlatformChatType, then
+// ByPlatform, then ByChatType, then Default. A Default with an empty mode is
+// unset and resolves to DefaultResetPolicy().
+func (c ResetConfig) PolicyFor(p Platform, chatType string) ResetPolicy {
+	chatType = chatTypeOrDM(chatType)
+	if pol, ok := c.ByPlatformChatType[p][chatType]; ok {
+		return pol
+	}
+	if pol, ok := c.ByPlatform[p]; ok {
+		return pol
+	}
+	if pol, ok := c.ByChatType[chatType]; ok {
+		return pol
+	}
+	if c.Default.Mode == "" {
+		return DefaultResetPolicy()
+	}
+	return c.Default
+}
+
+// Validate checks every policy of c (an unset Default is fine) and every
+// platform and chat type it is keyed by, and reports all problems, joined.
+func (c ResetConfig) Validate() error {
+	var errs []error
+	check := func(where string, p ResetPolicy) {
+		if err := p.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", where, err))
+		}
+	}
+	checkPlatform := func(where string, p Platform) {
+		if !p.Known() {
+			errs = append(errs, fmt.Errorf("%s: %w %q", where, ErrUnknownPlatform, string(p)))
+		}
+	}
+	checkChatType := func(where, t string) {
+		if !ValidChatType(t) {
+			errs = append(errs, fmt.Errorf("%s: %w %q: must be dm, group, channel or thread", where, ErrInvalidChatType, t))
+		}
+	}
+	if c.Default != (ResetPolicy{}) {
+		check("default", c.Default)
+	}
+	for _, p := range slices.Sorted(maps.Keys(c.ByPlatform)) {
+		where := "platform " + string(p)
+		checkPlatform(where, p)
+		check(where, c.ByPlatform[p])
+	}
+	for _, t := range slices.Sorted(maps.Keys(c.ByChatType)) {
+		where := "chat type " + t
+		checkChatType(where, t)
+		check(where, c.ByChatType[t])
+	}
+	for _, p := range slices.Sorted(maps.Keys(c.ByPlatformChatType)) {
+		checkPlatform("platform "+string(p), p)
+		byType := c.ByPlatformChatType[p]
+		for _, t := range slices.Sorted(maps.Keys(byType)) {
+			where := "platform " + string(p) + " chat type " + t
+			checkChatType(where, t)
+			check(where, byType[t])
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ShouldReset evaluates policy for entry at now and returns ReasonIdle,
+// ReasonDaily or "" (no reset).
+//
+// Nothing resets when entry is nil, when inFlight (a turn or a background
+// process is running on the lane), or when the mode is none (or invalid).
+// The idle timeout is checked first: now after updated_at + idle_minutes is
+// "idle". Then the daily boundary: the most recent at_hour:00 in loc at or
+// before now (today's, or yesterday's when now is before at_hour); an entry
+// last updated before it is "daily". A nil loc is time.Local. An entry with
+// no updated_at is judged by its created_at.
+func ShouldReset(entry *SessionEntry, policy ResetPolicy, now time.Time, loc *time.Location, inFlight bool) string {
+	if entry == nil || inFlight {
+		return ""
+	}
+	if loc == nil {
+		loc = time.Local
+	}
+	last := entry.UpdatedAt
+	if last.IsZero() {
+		last = entry.CreatedAt
+	}
+	if policy.Mode.usesIdle() && policy.IdleMinutes > 0 {
+		deadline := last.Add(time.Duration(policy.IdleMinutes) * time.Minute)
+		if now.After(deadline) {
+			return ReasonIdle
+		}
+	}
+	if policy.Mode.usesDaily() && policy.AtHour >= 0 && policy.AtHour <= 23 {
+		if last.Before(lastDailyBoundary(now, policy.AtHour, loc)) {
+			return ReasonDaily
+		}
+	}
+	return ""
+}
+
+// lastDailyBoundary returns the most recent atHour:00 in loc at or before now.
+func lastDailyBoundary(now time.Time, atHour int, loc *time.Location) time.Time {
+	local := now.In(loc)
+	boundary := time.Date(local.Year(), local.Month(), local.Day(), atHour, 0, 0, 0, loc)
+	if local.Hour() < atHour {
+		boundary = time.Date(local.Year(), local.Month(), local.Day()-1, atHour, 0, 0, 0, loc)
+	}
+	return boundary
+}

@@ -1,0 +1,85 @@
+package session
+
+import (
+	"strings"
+	"time"
+)
+
+// Inbound is the body of an inbox message: one accepted user message or
+// command, with the source it came from. Ingress builds it; workers read it.
+type Inbound struct {
+	Source     SessionSource `json:"source"`
+	SessionKey string        `json:"session_key"`
+	// Kind is message, queue, command or internal (the Fleet-Kind header
+	// carries the same value so workers can cut turns before parsing bodies).
+	Kind string `json:"kind"`
+	// Text is the user text; for a /queue item the text after the command.
+	Text string `json:"text"`
+	// Command and Args are set for commands: "/busy queue" -> "busy", "queue".
+	Command string `json:"command,omitempty"`
+	Args    string `json:"args,omitempty"`
+	// PlatformMsgID is platform + chat + message id, when the platform gave one.
+	PlatformMsgID string    `json:"platform_msg_id,omitempty"`
+	ReceivedAt    time.Time `json:"received_at"`
+}
+
+// Reply is one outbound reply or notice, derived from a transcript entry.
+type Reply struct {
+	// ID is "<session_id>:<transcript seq>", the Msg-Id everywhere downstream.
+	ID         string    `json:"id"`
+	SessionKey string    `json:"session_key"`
+	SessionID  string    `json:"session_id"`
+	TurnID     string    `json:"turn_id"`
+	TxSeq      uint64    `json:"tx_seq"`
+	Kind       string    `json:"kind"` // reply or notice
+	Text       string    `json:"text"`
+	Platform   Platform  `json:"platform"`
+	ChatID     string    `json:"chat_id,omitempty"`
+	ThreadID   string    `json:"thread_id,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	// PossibleDuplicate marks a reply whose earlier send was ambiguous.
+	PossibleDuplicate bool `json:"possible_duplicate,omitempty"`
+}
+
+// Values of Inbound.Kind (the same strings as the Fleet-Kind header).
+const (
+	KindMessage  = "message"
+	KindQueue    = "queue"
+	KindCommand  = "command"
+	KindInternal = "internal"
+)
+
+// Values of Reply.Kind.
+const (
+	ReplyKindReply  = "reply"
+	ReplyKindNotice = "notice"
+)
+
+// Commands the fleet handles itself. Any other /word is passed to the agent
+// as text.
+var commands = map[string]string{
+	"stop": "stop", "new": "new", "reset": "reset", "resume": "resume",
+	"undo": "undo", "retry": "retry", "status": "status", "busy": "busy",
+	"queue": "queue", "q": "queue",
+}
+
+// Classify decides what a user text is: a plain message, a /queue item or a
+// fleet command. It returns the kind, the canonical command name and its
+// arguments (for a /queue item, args is the queued text).
+func Classify(text string) (kind, command, args string) {
+	t := strings.TrimSpace(text)
+	if !strings.HasPrefix(t, "/") {
+		return KindMessage, "", ""
+	}
+	word, rest, _ := strings.Cut(t[1:], " ")
+	word, _, _ = strings.Cut(word, "@") // Telegram's /cmd@botname
+	name, ok := commands[strings.ToLower(word)]
+	if !ok {
+		return KindMessage, "", ""
+	}
+	rest = strings.TrimSpace(rest)
+	if name == "queue" {
+		return KindQueue, name, rest
+	}
+	return KindCommand, name, rest
+}

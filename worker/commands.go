@@ -1,0 +1,346 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/transcript"
+)
+
+// runCommand records a command's intent and runs it. Commands travel through
+// the lane inbox, so they are ordered with the messages around them; each
+// answers the user with a short notice.
+func (l *lane) runCommand(m inboxMsg) bool {
+	w := l.w
+	now := w.cfg.Now()
+	intent := &session.TurnIntent{
+		ID: newID(), FirstSeq: m.seq, LastSeq: m.seq, Kind: session.KindCommand, Attempt: 1,
+		SessionID: l.entry.SessionID, Owner: w.owner, Epoch: l.lease.Epoch, StartedAt: now,
+	}
+	cmd := m.body.Command
+	reset := intent.SessionID == "" || cmd == "new" || cmd == "reset"
+	var resumeTarget *kv.IndexRecord
+	if cmd == "resume" && strings.TrimSpace(m.body.Args) != "" {
+		target := strings.TrimSpace(m.body.Args)
+		if !session.ValidSessionID(target) {
+			// A title: the newest session of this lane's lineage that has it.
+			target = l.findTitle(target)
+		}
+		rec, err := w.store.LookupIndex(context.WithoutCancel(l.ctx), target)
+		switch {
+		case err == nil && rec.Lane == l.lane && target != l.entry.SessionID:
+			resumeTarget = rec
+			intent.SessionID = target
+			intent.PreviousSessionID = l.entry.SessionID
+			intent.ResetReason = session.ReasonResume
+		case err == nil && rec.Lane != l.lane:
+			// Another lane's session is forked into a new session of this
+			// lane, so one transcript subject is only ever written by one lane.
+			intent.SessionID = session.NewSessionID(now)
+			intent.PreviousSessionID = l.entry.SessionID
+			intent.ResetReason = session.ReasonFork
+			intent.ForkFrom = target
+			if err := w.store.Index(context.WithoutCancel(l.ctx), intent.SessionID, indexRecord(l.lane, l.entry.SessionKey, now, target)); err != nil {
+				return false
+			}
+		}
+	}
+	if reset {
+		intent.SessionID = session.NewSessionID(now)
+		if l.entry.SessionID != "" {
+			intent.PreviousSessionID = l.entry.SessionID
+		}
+		switch cmd {
+		case "new":
+			intent.ResetReason = session.ReasonNew
+		case "reset":
+			intent.ResetReason = session.ReasonReset
+		}
+		rec := indexRecord(l.lane, l.entry.SessionKey, now, intent.PreviousSessionID)
+		if cmd == "new" {
+			rec.Title = strings.TrimSpace(m.body.Args)
+		}
+		if err := w.store.Index(context.WithoutCancel(l.ctx), intent.SessionID, rec); err != nil {
+			return false
+		}
+	}
+	src := sourceOf(l.entry, []inboxMsg{m})
+	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+		e.Turn = intent
+		if reset {
+			e.StartSession(intent.SessionID, intent.ResetReason, now)
+		}
+		if intent.ForkFrom != "" {
+			e.StartSession(intent.SessionID, session.ReasonFork, now)
+			e.ParentSessionID = intent.ForkFrom
+		}
+		if resumeTarget != nil {
+			e.StartSession(intent.SessionID, session.ReasonResume, now)
+			e.CreatedAt = resumeTarget.CreatedAt
+			e.ParentSessionID = resumeTarget.ParentSessionID
+		}
+		if e.SessionKey == "" {
+			e.SessionKey = m.body.SessionKey
+		}
+		if e.Origin == nil {
+			o := src
+			e.Origin = &o
+		}
+		return e, nil
+	}, true)
+	if err != nil {
+		return false
+	}
+	return l.runCommandIntent(intent, []inboxMsg{m})
+}
+
+// runCommandIntent executes a recorded command intent; it is idempotent, so
+// recovery simply runs it again.
+func (l *lane) runCommandIntent(intent *session.TurnIntent, msgs []inboxMsg) bool {
+	if len(msgs) == 0 {
+		// The message is gone (pruned): nothing to do but commit.
+		return l.commit(intent, nil, nil)
+	}
+	m := msgs[0]
+	src := sourceOf(l.entry, msgs)
+	st, err := l.txFor(intent.SessionID)
+	if err != nil {
+		return false
+	}
+	if intent.PreviousSessionID != "" {
+		if err := l.closeOld(intent); err != nil {
+			return false
+		}
+	}
+	if intent.ForkFrom != "" {
+		if err := l.copyFork(st, intent); err != nil {
+			l.log.Warn("fork session", "from", intent.ForkFrom, "err", err)
+			return false
+		}
+	}
+	text, apply, follow := l.commandEffect(st, intent, m)
+	if follow != nil {
+		// /retry: the rewind is stored; run the rewound text as a turn.
+		if err := l.emitNotice(st, intent, intent.ID+":notice:0", text, src); err != nil {
+			return false
+		}
+		intent.Kind = session.KindMessage
+		return l.execute(intent, []inboxMsg{*follow}, false)
+	}
+	if text != "" {
+		if err := l.emitNotice(st, intent, intent.ID+":notice:0", text, src); err != nil {
+			return false
+		}
+	}
+	return l.finish(st, intent, StatusCommand, nil, apply)
+}
+
+// commandEffect computes a command's notice and its effect on the entry
+// (applied in the commit CAS).
+func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg) (string, func(*session.SessionEntry), *inboxMsg) {
+	e := l.entry
+	args := strings.TrimSpace(m.body.Args)
+	switch m.body.Command {
+	case "stop":
+		return "⏹ Stopped. Your next message starts a fresh session.", func(e *session.SessionEntry) { e.Suspended = true }, nil
+	case "new", "reset":
+		text := "✨ Started a new session (" + intent.SessionID + ")."
+		if title := strings.TrimSpace(m.body.Args); m.body.Command == "new" && title != "" {
+			text = fmt.Sprintf("✨ Started a new session %q (%s).", title, intent.SessionID)
+		}
+		if n := e.DiscardedQueue; n > 0 {
+			text += fmt.Sprintf(" Discarded %d queued message(s).", n)
+		}
+		return text, func(e *session.SessionEntry) {
+			e.DiscardedQueue = 0
+			e.IsFreshReset = true // consumed by the first turn of the new session
+		}, nil
+	case "suspend":
+		return "", func(e *session.SessionEntry) { e.Suspended = true }, nil
+	case "resume_pending":
+		reason := args
+		if reason == "" {
+			reason = ResumeRestartInterrupted
+		}
+		return "", func(e *session.SessionEntry) { e.MarkResumePending(reason, l.w.cfg.Now()) }, nil
+	case "busy":
+		switch args {
+		case BusyInterrupt, BusyQueue, BusySteer:
+			return "Busy mode set to " + args + ".", func(e *session.SessionEntry) { e.BusyMode = args }, nil
+		case "":
+			return "Busy mode is " + l.busyMode() + ". Use /busy interrupt|queue|steer to change it.", nil, nil
+		default:
+			return fmt.Sprintf("Unknown busy mode %q. Use /busy interrupt|queue|steer.", args), nil, nil
+		}
+	case "status":
+		var b strings.Builder
+		fmt.Fprintf(&b, "Session %s\n", e.SessionID)
+		if !e.CreatedAt.IsZero() {
+			fmt.Fprintf(&b, "Age: %s\n", l.w.cfg.Now().Sub(e.CreatedAt).Round(time.Second))
+		}
+		fmt.Fprintf(&b, "Tokens: %d (in %d, out %d)\n", e.TotalTokens, e.InputTokens, e.OutputTokens)
+		fmt.Fprintf(&b, "Busy mode: %s\n", l.busyMode())
+		fmt.Fprintf(&b, "Queue depth: %d\n", l.queueDepth(m.seq))
+		fmt.Fprintf(&b, "Worker: %s\n", l.w.owner)
+		var flags []string
+		if e.Suspended {
+			flags = append(flags, "suspended")
+		}
+		if e.ResumePending {
+			flags = append(flags, "resume_pending("+e.ResumeReason+")")
+		}
+		if e.InterruptedTurns > 0 {
+			flags = append(flags, "interrupted_turns="+strconv.Itoa(e.InterruptedTurns))
+		}
+		if len(flags) == 0 {
+			flags = append(flags, "none")
+		}
+		fmt.Fprintf(&b, "Flags: %s", strings.Join(flags, ", "))
+		return b.String(), nil, nil
+	case "queue":
+		return "Usage: /queue <text> queues a message that gets its own turn.", nil, nil
+	case "undo", "retry":
+		n := 1
+		if m.body.Command == "undo" && args != "" {
+			v, err := strconv.Atoi(args)
+			if err != nil || v < 1 {
+				return "Usage: /undo [n] with n ≥ 1.", nil, nil
+			}
+			n = v
+		}
+		var turns int
+		var target string
+		if done, ok := findEntry(st, intent.ID+":rewind"); ok {
+			// Recovery of this very command: the rewind is already stored.
+			turns, target = rewoundSummary(st, done)
+		} else {
+			var ctl *transcript.Entry
+			ctl, turns, target = transcript.RewindUserTurns(st.entries, n)
+			if ctl == nil {
+				if m.body.Command == "retry" {
+					return "Nothing to retry.", nil, nil
+				}
+				return "Nothing to undo.", nil, nil
+			}
+			ctl.ID = intent.ID + ":rewind"
+			ctl.TurnID = intent.ID
+			if err := l.appendOwned(st, ctl); err != nil {
+				return "Could not rewind: " + err.Error(), nil, nil
+			}
+		}
+		if m.body.Command == "retry" {
+			follow := m
+			follow.body.Text = target
+			follow.kind = session.KindMessage
+			return "🔁 Retrying your last message.", nil, &follow
+		}
+		return fmt.Sprintf("↩️ Undid %d turn(s).", turns), nil, nil
+	case "resume":
+		if intent.ResetReason == session.ReasonFork {
+			return fmt.Sprintf("Forked session %s (from another conversation) into a new session %s.", intent.ForkFrom, intent.SessionID), nil, nil
+		}
+		if intent.ResetReason == session.ReasonResume {
+			return "Resumed session " + intent.SessionID + ".", nil, nil
+		}
+		return l.lineage(args), nil, nil
+	}
+	return "Unknown command.", nil, nil
+}
+
+// lineage lists the lane's recent sessions.
+func (l *lane) lineage(asked string) string {
+	var b strings.Builder
+	if asked != "" {
+		fmt.Fprintf(&b, "No session %q in this conversation.\n", asked)
+	}
+	b.WriteString("Recent sessions of this conversation:\n")
+	fmt.Fprintf(&b, "• %s (current)\n", l.entry.SessionID)
+	for _, sid := range l.entry.RecentSessions {
+		rec, err := l.w.store.LookupIndex(context.WithoutCancel(l.ctx), sid)
+		if err != nil {
+			continue
+		}
+		title := ""
+		if rec.Title != "" {
+			title = fmt.Sprintf(" %q", rec.Title)
+		}
+		fmt.Fprintf(&b, "• %s%s (%s)\n", sid, title, rec.CreatedAt.Format(time.RFC3339))
+	}
+	b.WriteString("Use /resume <id or title> to switch.")
+	return b.String()
+}
+
+// queueDepth counts /queue items waiting in the inbox after seq.
+func (l *lane) queueDepth(after uint64) int {
+	n := 0
+	seq := after + 1
+	for i := 0; i < 1000; i++ {
+		m, err := l.peek(l.ctx, seq)
+		if err != nil || m == nil {
+			break
+		}
+		if m.kind == session.KindQueue {
+			n++
+		}
+		seq = m.seq + 1
+	}
+	return n
+}
+
+// rewoundSummary recounts a stored rewind: the user turns it covers and the
+// text of the earliest one.
+func rewoundSummary(st *txState, ctl *transcript.Entry) (int, string) {
+	covered := map[uint64]bool{}
+	for _, s := range ctl.Rewound {
+		covered[s] = true
+	}
+	turns, target := 0, ""
+	for _, e := range st.entries {
+		if covered[e.Seq] && e.Kind == transcript.KindMessage && e.Role == "user" {
+			if turns == 0 {
+				target = e.Content
+			}
+			turns++
+		}
+	}
+	return turns, target
+}
+
+// copyFork copies the effective conversation of the forked session into the
+// new session's transcript, each entry once.
+func (l *lane) copyFork(st *txState, intent *session.TurnIntent) error {
+	src, _, err := l.w.tx.Load(context.WithoutCancel(l.ctx), intent.ForkFrom)
+	if err != nil {
+		return err
+	}
+	for i, e := range transcript.Effective(src) {
+		id := fmt.Sprintf("%s:fork:%d", intent.ID, i)
+		if st.ids[id] {
+			continue
+		}
+		c := e
+		c.ID, c.Seq, c.InboxSeq, c.TurnID = id, 0, 0, intent.ID
+		if err := l.appendOwned(st, &c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// findTitle resolves a session title to the newest session of this lane
+// that carries it (the current one, then the recent ones, newest first); it
+// returns the title itself when none does.
+func (l *lane) findTitle(title string) string {
+	for _, sid := range append([]string{l.entry.SessionID}, l.entry.RecentSessions...) {
+		rec, err := l.w.store.LookupIndex(context.WithoutCancel(l.ctx), sid)
+		if err == nil && rec.Lane == l.lane && strings.EqualFold(rec.Title, title) {
+			return sid
+		}
+	}
+	return title
+}

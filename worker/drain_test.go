@@ -1,0 +1,95 @@
+package worker_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/agent/echo"
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/test/natstest"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+// TestDrainAloneMarksResumesAndBanners: a worker stopped gracefully with no
+// other worker alive marks its running turn resume_pending at the start of
+// the drain, tells the user honestly, keeps the turn record at the drain
+// timeout, and the next worker resumes the turn without a user message, with
+// a note that calls it a shutdown, not a restart.
+func TestDrainAloneMarksResumesAndBanners(t *testing.T) {
+	f := newFleet(t)
+	nc := f.srv.Connect(t)
+	js := natstest.JetStream(t, nc)
+	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: f.names, LeaseTTL: testTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := worker.New(nc, js, res, worker.Config{ID: "draining", Names: f.names, Backend: echo.Backend(echo.Options{}),
+		LeaseTTL: testTTL, LeaseMargin: 500 * time.Millisecond, Linger: 5 * time.Second, DrainTimeout: 500 * time.Millisecond,
+		Reset: session.ResetConfig{Default: session.ResetPolicy{Mode: session.ResetNone}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+
+	lane, seq := f.post("drain", "!notes\n!sleep 3s", "d1")
+	natstest.WaitFor(t, 10*time.Second, "the turn to run", func() error {
+		e, _, err := f.store.Get(t.Context(), lane)
+		if err != nil {
+			return err
+		}
+		if e.Turn == nil {
+			return errString("no turn yet")
+		}
+		return nil
+	})
+	sid := f.waitEntry(lane).SessionID
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("worker did not stop")
+	}
+	e := f.waitEntry(lane)
+	if e.Turn == nil || !e.ResumePending || e.ResumeReason != worker.ResumeShutdownTimeout || e.Owner != "" {
+		t.Fatalf("after the drain: turn %v resume_pending %v reason %q owner %q", e.Turn != nil, e.ResumePending, e.ResumeReason, e.Owner)
+	}
+	rs := f.replies(lane)
+	if len(rs) != 1 || rs[0].Kind != session.ReplyKindNotice || !strings.Contains(rs[0].Text, "Shutting down") {
+		t.Fatalf("replies after the drain: %+v, want one shutdown banner", rs)
+	}
+
+	// A new worker resumes without any user message.
+	f.startWorker("successor", func(c *worker.Config) { c.Reset.Default = session.ResetPolicy{Mode: session.ResetNone} })
+	rs = f.waitReplies(lane, 2)
+	got := rs[1].Text
+	if !strings.HasPrefix(got, "echo: ") || !strings.Contains(got, "interrupted by a gateway shutdown") || strings.Contains(got, "restart") {
+		t.Fatalf("resumed reply %q: want the shutdown-aware note", got)
+	}
+	e = f.waitCommitted(lane, seq)
+	if e.SessionID != sid || e.ResumePending || e.InterruptedTurns != 0 {
+		t.Fatalf("after the resumed turn: session %s (was %s) resume_pending %v interrupted %d", e.SessionID, sid, e.ResumePending, e.InterruptedTurns)
+	}
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }
+
+func (f *fleet) waitEntry(lane string) *session.SessionEntry {
+	f.t.Helper()
+	var e *session.SessionEntry
+	natstest.WaitFor(f.t, 10*time.Second, "entry of "+lane, func() error {
+		var err error
+		e, _, err = f.store.Get(f.t.Context(), lane)
+		return err
+	})
+	return e
+}

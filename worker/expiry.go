@@ -1,0 +1,121 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/session"
+)
+
+// markerReasonMaxAge is the Nats-Marker-Reason of the marker the server
+// writes when a key's per-message TTL runs out: a lease that expired, as
+// opposed to one released (a purge by its owner) or renewed.
+const markerReasonMaxAge = "MaxAge"
+
+// watchLeaseExpiries runs while this worker leads the expiry watcher, until
+// ctx ends: it follows the leases bucket (headers only) and, for every lane
+// lease that expired, wakes the lane at once if it has work (a turn in
+// flight, or messages above its committed seq). Without it, a dead owner's
+// lane resumes when one of its deliveries comes back (the consumer's
+// AckWait after the owner's last renewal); with it, as soon as the lease
+// is gone. The sweep remains the backstop for lanes whose expiry happened
+// while no worker led.
+func (w *Worker) watchLeaseExpiries(ctx context.Context) error {
+	bucket := w.names.LeasesBucket()
+	prefix := "$KV." + bucket + "."
+	cons, err := w.js.OrderedConsumer(ctx, "KV_"+bucket, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + ">"},
+		DeliverPolicy:  jetstream.DeliverNewPolicy,
+		HeadersOnly:    true,
+	})
+	if err != nil {
+		return fmt.Errorf("follow lease expiries: %w", err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("follow lease expiries: %w", err)
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			return fmt.Errorf("follow lease expiries: %w", err)
+		}
+		if msg.Headers().Get(jetstream.MarkerReasonHeader) != markerReasonMaxAge {
+			continue
+		}
+		lane := strings.TrimPrefix(msg.Subject(), prefix)
+		if lane == "" || lane == w.names.WatcherLeaseKey() {
+			continue
+		}
+		woke, err := w.wakeIfStranded(ctx, lane)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			w.log.Warn("wake after lease expiry", "lane", lane, "err", err)
+		case woke:
+			w.log.Info("lease expired with work pending: lane woken", "lane", lane)
+			w.stats.ExpiryWakes.Add(1)
+		}
+	}
+}
+
+// wakeIfStranded publishes an internal wake-up into a lane that no worker
+// holds and that has work (see wakeStranded).
+func (w *Worker) wakeIfStranded(ctx context.Context, lane string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, _, err := w.leases.Holder(ctx, lane); err == nil {
+		return false, nil // taken again already: its owner sees the work
+	} else if !errors.Is(err, kv.ErrNotFound) {
+		return false, err
+	}
+	e, _, err := w.store.Get(ctx, lane)
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
+		// A lane whose first message never got an entry: the session key
+		// is in the message.
+		last, err := w.res.Inbox.GetLastMsgForSubject(ctx, w.names.InboxSubject(session.Partition(w.names.Prefix(), lane), lane))
+		if err != nil || last.Header.Get(broker.HdrSessionKey) == "" {
+			return false, nil
+		}
+		e = &session.SessionEntry{SessionKey: last.Header.Get(broker.HdrSessionKey)}
+	case err != nil:
+		return false, err
+	}
+	return w.wakeStranded(ctx, lane, e)
+}
+
+// wakeStranded publishes an internal wake-up into a lane, known to have no
+// live lease, when it has work: a turn in flight, or inbox messages above
+// its committed seq (any, when the entry counts in another inbox). The
+// Msg-Id is the same for the sweep and the expiry watch, so the two never
+// wake a lane twice for the same state. It reports whether it woke the lane.
+func (w *Worker) wakeStranded(ctx context.Context, lane string, e *session.SessionEntry) (bool, error) {
+	stranded := e.Turn != nil
+	if !stranded {
+		subject := w.names.InboxSubject(session.Partition(w.names.Prefix(), lane), lane)
+		last, err := w.res.Inbox.GetLastMsgForSubject(ctx, subject)
+		if err == nil && (e.InboxID != w.res.InboxID || last.Sequence > e.CommittedSeq) {
+			stranded = true
+		}
+	}
+	if !stranded {
+		return false, nil
+	}
+	if err := w.publishInternal(ctx, lane, e.SessionKey, internalWake, "", fmt.Sprintf("wake:%s:%d:%d", lane, e.CommittedSeq, e.LeaseEpoch)); err != nil {
+		return false, err
+	}
+	return true, nil
+}

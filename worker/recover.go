@@ -1,0 +1,316 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/transcript"
+)
+
+var errNoChange = kv.ErrNoChange
+
+// MaxInterruptedTurns is how many interrupted attempts in a row suspend a
+// lane and dead-letter the turn.
+const MaxInterruptedTurns = 3
+
+// Resume reasons.
+const (
+	ResumeRestartInterrupted = "restart_interrupted"
+	ResumeRestartTimeout     = "restart_timeout"
+	ResumeShutdownTimeout    = "shutdown_timeout"
+)
+
+// User-facing copy.
+const (
+	noticeDeadLetter = "This session was interrupted repeatedly during restart recovery, so I started a fresh session to avoid getting stuck. Use /resume if you want the old transcript."
+	noticeIdle       = "◐ Session automatically reset after a period of inactivity. Use /resume to return to the previous conversation."
+	noticeDaily      = "◐ Session automatically reset (daily reset). Use /resume to return to the previous conversation."
+	noticeSuspended  = "◐ Session automatically reset (the previous session was stopped or interrupted). Use /resume to return to it."
+	// Drain banners, sent only when no other worker can take the turn over.
+	bannerRestart  = "♻️ Restarting — your current task was interrupted and will resume automatically in this chat once I'm back."
+	bannerShutdown = "⏹ Shutting down — your current task was interrupted. It will resume automatically when the service is back."
+)
+
+func indexRecord(lane, key string, now time.Time, parent string) kv.IndexRecord {
+	return kv.IndexRecord{Lane: lane, SessionKey: key, CreatedAt: now, ParentSessionID: parent}
+}
+
+func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
+
+// resumeNote is the reason-aware restart-resume system note. It subsumes the
+// tool-tail note.
+func resumeNote(reason string) string {
+	cause := "an unexpected stop of the worker running it"
+	switch reason {
+	case ResumeRestartTimeout:
+		cause = "a gateway restart"
+	case ResumeShutdownTimeout:
+		cause = "a gateway shutdown"
+	}
+	return fmt.Sprintf("[System note: Your previous turn in this same session was interrupted by %s. Continue from the existing transcript. If there are unfinished tool results, process them first, summarize what was accomplished, then answer the user's message.]", cause)
+}
+
+// toolTailNote is the note for a transcript that ends in a tool result.
+func toolTailNote(st *txState) string {
+	eff := st.effective
+	if len(eff) > 0 && eff[len(eff)-1].Role == "tool" {
+		return "[System note: Your previous turn ended while processing tool results. Finish processing the interrupted tool results before addressing the new user message.]"
+	}
+	return ""
+}
+
+// decisionNotes are the system notes and user notices a session decision
+// requires (seed §6 "Reset Effects").
+func (l *lane) decisionNotes(dec session.Decision, policy session.ResetPolicy) (notes, notices []string) {
+	if dec.KeptForResume {
+		notes = append(notes, resumeNote(l.entry.ResumeReason))
+	}
+	switch dec.Reason {
+	case session.ReasonIdle:
+		notes = append(notes, "[System note: The previous session expired due to inactivity; this is a fresh session.]")
+		if policy.Notify {
+			notices = append(notices, noticeIdle)
+		}
+	case session.ReasonDaily:
+		notes = append(notes, "[System note: The previous session ended at the daily reset; this is a fresh session.]")
+		if policy.Notify {
+			notices = append(notices, noticeDaily)
+		}
+	case session.ReasonSuspended:
+		notes = append(notes, "[System note: The previous session was stopped or interrupted; this is a fresh session.]")
+		notices = append(notices, noticeSuspended)
+	}
+	return notes, notices
+}
+
+// recoverTurn handles a lane whose previous owner left a turn in flight.
+func (l *lane) recoverTurn() bool {
+	w := l.w
+	t := l.entry.Turn.Clone()
+	w.stats.Recoveries.Add(1)
+	st, err := l.txFor(t.SessionID)
+	if err != nil {
+		l.log.Warn("load transcript for recovery", "err", err)
+		return false
+	}
+	msgs, err := l.readRange(t.FirstSeq, t.LastSeq)
+	if err != nil {
+		l.log.Warn("read turn range", "err", err)
+		return false
+	}
+	src := sourceOf(l.entry, msgs)
+
+	// The turn finished before the crash: republish its outputs, commit.
+	if status, ended := transcript.TurnEnded(st.entries, t.ID); ended || st.ids[t.ID+":reply"] {
+		for _, e := range st.entries {
+			if e.TurnID != t.ID {
+				continue
+			}
+			switch {
+			case e.Kind == transcript.KindNotice:
+				if err := l.publishReply(st, t, e, session.ReplyKindNotice, src); err != nil {
+					return false
+				}
+			case e.ID == t.ID+":reply":
+				if err := l.publishReply(st, t, e, session.ReplyKindReply, src); err != nil {
+					return false
+				}
+			}
+		}
+		if !ended {
+			status = StatusCompleted
+		}
+		return l.finish(st, t, status, nil, nil)
+	}
+	if t.Kind == session.KindCommand {
+		// Commands are idempotent: run them again, not counted.
+		return l.runCommandIntent(t, msgs)
+	}
+
+	// A /stop, /new or /reset already waiting cancels the resume: the turn
+	// commits as stopped (its messages recorded), and the command follows.
+	if l.cancelAhead(t.LastSeq) {
+		for _, m := range msgs {
+			if st.userSeqs[m.seq] {
+				continue
+			}
+			e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", t.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
+				Content: m.body.Text, InboxSeq: m.seq, TurnID: t.ID, SenderName: m.body.Source.UserName, Timestamp: w.cfg.Now()}
+			if err := l.appendOwned(st, &e); err != nil {
+				return false
+			}
+		}
+		l.log.Info("resume cancelled by a command already in the inbox", "turn", t.ID)
+		return l.finish(st, t, StatusStopped, nil, nil)
+	}
+
+	reason := ResumeRestartInterrupted
+	if l.entry.ResumePending && (l.entry.ResumeReason == ResumeRestartTimeout || l.entry.ResumeReason == ResumeShutdownTimeout) {
+		reason = l.entry.ResumeReason
+	}
+	// The first attempt always counts; a resumed one only if its agent had
+	// started: an attempt that gave up earlier (store writes failing, e.g.
+	// while the cluster recovers from a lost node) was not interrupted
+	// while running, and a store hiccup must not dead-letter a message.
+	interrupted := l.entry.InterruptedTurns
+	if t.Attempt <= 1 || t.AgentStarted >= t.Attempt {
+		interrupted++
+	} else {
+		l.log.Info("previous attempt ended before its agent ran; not counted", "turn", t.ID, "attempt", t.Attempt, "interrupted_turns", interrupted)
+	}
+	if interrupted >= MaxInterruptedTurns {
+		return l.deadLetter(st, t, msgs, src, interrupted)
+	}
+	if interrupted == MaxInterruptedTurns-1 {
+		// The last chance: run alone, so that if this process dies now the
+		// turn is the one to blame, and no neighbour's crash can spend it.
+		// The gate is taken before the attempt is recorded: a crash while
+		// waiting for it does not count against this turn. The wait for
+		// the running turns is bounded by the lease TTL.
+		release, alone, ok := w.turns.acquireAlone(l.ctx, w.cfg.LeaseTTL)
+		if !ok {
+			return false
+		}
+		defer release()
+		l.holdsGate = true
+		defer func() { l.holdsGate = false }()
+		if alone {
+			l.log.Info("last attempt of an interrupted turn: running it alone", "turn", t.ID, "interrupted_turns", interrupted)
+		} else {
+			l.log.Warn("last attempt of an interrupted turn: other turns still run after the wait; running it beside them",
+				"turn", t.ID, "interrupted_turns", interrupted, "waited", w.cfg.LeaseTTL, "turns_running", w.turns.inUse())
+		}
+	}
+	// Retry only the first message of the range, so a poison message
+	// dead-letters alone; the rest follow in later turns.
+	t.Attempt++
+	t.LastSeq = t.FirstSeq
+	if len(msgs) > 1 {
+		msgs = msgs[:1]
+	}
+	t.Owner = w.owner
+	t.Epoch = l.lease.Epoch
+	t.Notes = append(keepNonResume(t.Notes), resumeNote(reason))
+	err = l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+		if e.Turn == nil || e.Turn.ID != t.ID {
+			return nil, errNoChange
+		}
+		e.Turn = t
+		e.InterruptedTurns = interrupted
+		e.MarkResumePending(reason, w.cfg.Now())
+		return e, nil
+	}, true)
+	if err != nil {
+		if err == errNoChange {
+			return true
+		}
+		l.log.Warn("record recovery", "err", err)
+		return false
+	}
+	l.log.Info("resuming interrupted turn", "turn", t.ID, "attempt", t.Attempt, "reason", reason, "interrupted_turns", interrupted)
+	w.event("resume", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "attempt": t.Attempt, "reason": reason})
+	l.turnEvent("start", t, "")
+	return l.execute(t, msgs, true)
+}
+
+func keepNonResume(notes []string) []string {
+	var out []string
+	for _, n := range notes {
+		if !strings.Contains(n, "was interrupted by") {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// deadLetter suspends the lane after repeated interrupted attempts: the
+// turn's messages go to the dead-letter subject with the reason, the user is
+// told, and the next message starts a fresh session linked to this one.
+func (l *lane) deadLetter(st *txState, t *session.TurnIntent, msgs []inboxMsg, src session.SessionSource, interrupted int) bool {
+	w := l.w
+	reason := fmt.Sprintf("interrupted %d times in a row", interrupted)
+	for _, m := range msgs {
+		raw, err := w.res.Inbox.GetMsg(context.WithoutCancel(l.ctx), m.seq)
+		if err != nil {
+			l.log.Warn("read message to dead-letter", "seq", m.seq, "err", err)
+			return false
+		}
+		dl := nats.NewMsg(w.names.DeadLetterSubject(l.lane))
+		dl.Data = raw.Data
+		// Only the fleet's own headers travel: the server's (Nats-Expected-
+		// Stream and the like) would make the dead-letter stream refuse it.
+		for k, v := range raw.Header {
+			if strings.HasPrefix(k, "Fleet-") {
+				dl.Header[k] = v
+			}
+		}
+		dl.Header.Set(broker.HdrReason, reason)
+		dl.Header.Set(broker.HdrInboxSeq, seqString(m.seq))
+		dl.Header.Set(broker.HdrSessionID, t.SessionID)
+		dl.Header.Set(broker.HdrTurnID, t.ID)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), 5*time.Second)
+		_, err = w.js.PublishMsg(ctx, dl, jetstream.WithMsgID(fmt.Sprintf("dlq:%s:%d", w.res.InboxID, m.seq)))
+		cancel()
+		if err != nil {
+			l.log.Warn("dead-letter publish", "err", err)
+			return false
+		}
+	}
+	if err := l.emitNotice(st, t, t.ID+":deadletter", noticeDeadLetter, src); err != nil {
+		return false
+	}
+	w.stats.DeadLetters.Add(1)
+	l.log.Warn("turn dead-lettered; lane suspended", "turn", t.ID, "first_seq", t.FirstSeq, "last_seq", t.LastSeq)
+	w.event("deadletter", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "first_seq": t.FirstSeq, "last_seq": t.LastSeq, "reason": reason})
+	return l.finish(st, t, StatusDeadLetter, nil, func(e *session.SessionEntry) {
+		e.Suspended = true
+		e.ClearResumePending()
+	})
+}
+
+// readRange reads the lane's inbox messages in [first, last].
+func (l *lane) readRange(first, last uint64) ([]inboxMsg, error) {
+	var out []inboxMsg
+	seq := first
+	for seq <= last {
+		m, err := l.peek(l.ctx, seq)
+		if err != nil {
+			return nil, err
+		}
+		if m == nil || m.seq > last {
+			break
+		}
+		out = append(out, *m)
+		seq = m.seq + 1
+	}
+	return out, nil
+}
+
+// cancelAhead reports whether a /stop, /new or /reset waits in the inbox
+// after seq.
+func (l *lane) cancelAhead(seq uint64) bool {
+	next := seq + 1
+	for i := 0; i < 256; i++ {
+		m, err := l.peek(l.ctx, next)
+		if err != nil || m == nil {
+			return false
+		}
+		if m.kind == session.KindCommand {
+			switch m.body.Command {
+			case "stop", "new", "reset":
+				return true
+			}
+		}
+		next = m.seq + 1
+	}
+	return false
+}

@@ -1,0 +1,866 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/transcript"
+)
+
+// Turn statuses recorded in turn_end entries.
+const (
+	StatusCompleted   = transcript.StatusCompleted
+	StatusFailed      = transcript.StatusFailed
+	StatusInterrupted = transcript.StatusInterrupted
+	StatusStopped     = transcript.StatusStopped
+	StatusDeadLetter  = transcript.StatusDeadLettered
+	StatusCommand     = transcript.StatusCommand
+	StatusDuplicate   = transcript.StatusDuplicate
+)
+
+// TurnEvent is published on the events stream when a turn starts and ends.
+type TurnEvent struct {
+	Type      string    `json:"type"` // start or end
+	Lane      string    `json:"lane"`
+	TurnID    string    `json:"turn_id"`
+	SessionID string    `json:"session_id"`
+	Owner     string    `json:"owner"`
+	Epoch     uint64    `json:"epoch"`
+	FirstSeq  uint64    `json:"first_seq"`
+	LastSeq   uint64    `json:"last_seq"`
+	Attempt   int       `json:"attempt"`
+	Status    string    `json:"status,omitempty"`
+	At        time.Time `json:"at"`
+}
+
+func (l *lane) turnEvent(typ string, t *session.TurnIntent, status string) {
+	l.w.event("turn", l.lane, TurnEvent{Type: typ, Lane: l.lane, TurnID: t.ID, SessionID: t.SessionID,
+		Owner: l.w.owner, Epoch: l.lease.Epoch, FirstSeq: t.FirstSeq, LastSeq: t.LastSeq, Attempt: t.Attempt,
+		Status: status, At: time.Now()})
+}
+
+// runStep runs one step. It returns false when the lane was lost or the
+// worker is stopping without a commit (the turn record stays for the next
+// owner).
+func (l *lane) runStep(st *step) bool {
+	switch st.kind {
+	case kindDiscard:
+		return l.discard(st.msgs[0])
+	case session.KindCommand:
+		return l.runCommand(st.msgs[0])
+	case session.KindInternal:
+		return l.runInternal(st.msgs[0])
+	default:
+		// The platform message ids are looked up while the intent is
+		// recorded: both are reads or writes of their own buckets, and the
+		// turn needs both before its first append.
+		l.msgids = l.prefetchMsgIDs(st.msgs)
+		defer func() {
+			l.msgids.wait()
+			l.msgids = nil
+		}()
+		intent, err := l.recordIntent(st)
+		if err != nil {
+			l.log.Warn("record intent", "err", err)
+			return false
+		}
+		return l.execute(intent, st.msgs, false)
+	}
+}
+
+// msgidLookups are the msgids lookups of a step's messages, in flight.
+type msgidLookups map[uint64]*msgidLookup
+
+type msgidLookup struct {
+	done  chan struct{}
+	owner uint64
+	found bool
+	err   error
+}
+
+// prefetchMsgIDs starts the msgids lookup of every message with a platform
+// message id; nil when there is none.
+func (l *lane) prefetchMsgIDs(msgs []inboxMsg) msgidLookups {
+	var out msgidLookups
+	for _, m := range msgs {
+		id := m.body.PlatformMsgID
+		if id == "" {
+			continue
+		}
+		if out == nil {
+			out = msgidLookups{}
+		}
+		r := &msgidLookup{done: make(chan struct{})}
+		out[m.seq] = r
+		ctx := context.WithoutCancel(l.ctx)
+		go func() {
+			defer close(r.done)
+			r.owner, r.found, r.err = l.w.msgids.Lookup(ctx, id)
+		}()
+	}
+	return out
+}
+
+// lookupMsgID returns the inbox seq recorded for m's platform message id,
+// from the prefetched lookups when there is one.
+func (l *lane) lookupMsgID(m inboxMsg) (uint64, bool, error) {
+	if r := l.msgids[m.seq]; r != nil {
+		<-r.done
+		return r.owner, r.found, r.err
+	}
+	return l.w.msgids.Lookup(context.WithoutCancel(l.ctx), m.body.PlatformMsgID)
+}
+
+// wait waits for every lookup to end.
+func (p msgidLookups) wait() {
+	for _, r := range p {
+		<-r.done
+	}
+}
+
+// recordIntent takes the session decision for a turn and records it, with
+// the turn's inbox range, in the entry before any side effect.
+func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
+	w := l.w
+	now := w.cfg.Now()
+	src := st.msgs[0].body.Source
+	policy := w.cfg.Reset.PolicyFor(src.Platform, src.ChatType)
+	dec := session.Decide(l.entry, policy, now, w.cfg.Location, w.cfg.Freshness, nil)
+	intent := &session.TurnIntent{
+		ID:                newID(),
+		FirstSeq:          st.msgs[0].seq,
+		LastSeq:           st.msgs[len(st.msgs)-1].seq,
+		Kind:              st.kind,
+		Attempt:           1,
+		SessionID:         dec.SessionID,
+		PreviousSessionID: dec.PreviousSessionID,
+		ResetReason:       dec.Reason,
+		Owner:             w.owner,
+		Epoch:             l.lease.Epoch,
+		StartedAt:         now,
+	}
+	intent.Notes, intent.Notices = l.decisionNotes(dec, policy)
+	queueDepth := -1
+	if st.kind == session.KindQueue {
+		queueDepth = l.queueDepth(intent.LastSeq)
+	}
+	if dec.Reset {
+		if err := w.store.Index(context.WithoutCancel(l.ctx), dec.SessionID, indexRecord(l.lane, l.entry.SessionKey, now, dec.PreviousSessionID)); err != nil {
+			return nil, err
+		}
+	}
+	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+		if e.CommittedSeq >= intent.FirstSeq {
+			return nil, fmt.Errorf("turn starts at %d but %d is committed", intent.FirstSeq, e.CommittedSeq)
+		}
+		e.Turn = intent
+		if queueDepth >= 0 {
+			e.QueueDepth = queueDepth
+		}
+		if dec.Reset {
+			e.StartSession(dec.SessionID, dec.Reason, now)
+		}
+		origin := src
+		e.Origin = &origin
+		if src.ChatName != "" {
+			e.DisplayName = src.ChatName
+		}
+		e.Platform = src.Platform
+		e.ChatType = src.ChatType
+		if e.SessionKey == "" {
+			e.SessionKey = st.msgs[0].body.SessionKey
+		}
+		e.UpdatedAt = now
+		return e, nil
+	}, true)
+	if err != nil {
+		return nil, err
+	}
+	l.turnEvent("start", intent, "")
+	return intent, nil
+}
+
+// execute runs an intent to its commit. resumed is true on recovery.
+func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool) bool {
+	w := l.w
+	st, err := l.txFor(intent.SessionID)
+	if err != nil {
+		l.log.Warn("load transcript", "err", err)
+		return false
+	}
+	if intent.PreviousSessionID != "" {
+		if err := l.closeOld(intent); err != nil {
+			l.log.Warn("close previous session", "err", err)
+			return false
+		}
+	}
+	src := sourceOf(l.entry, msgs)
+	for i, text := range intent.Notices {
+		if err := l.emitNotice(st, intent, fmt.Sprintf("%s:notice:%d", intent.ID, i), text, src); err != nil {
+			return false
+		}
+	}
+	crashPoint("after_notice")
+
+	// The user entries, each once (a recovered turn may have some already).
+	var users []UserMessage
+	for _, m := range msgs {
+		text := m.body.Text
+		if st.userSeqs[m.seq] {
+			users = append(users, UserMessage{InboxSeq: m.seq, Text: text, SenderName: m.body.Source.UserName})
+			continue
+		}
+		if id := m.body.PlatformMsgID; id != "" {
+			// The ingress normally recorded the id already: read first, and
+			// write only when it is missing.
+			owner, found, err := l.lookupMsgID(m)
+			if err == nil && !found {
+				owner, err = w.msgids.Record(context.WithoutCancel(l.ctx), id, m.seq)
+			}
+			if err != nil {
+				l.log.Warn("record message id", "err", err)
+				return false
+			}
+			if owner != m.seq {
+				l.log.Info("duplicate platform message not run", "platform_msg_id", id, "seq", m.seq, "first_seq", owner)
+				w.event("duplicate", l.lane, map[string]any{"seq": m.seq, "first_seq": owner, "platform_msg_id": id})
+				continue
+			}
+		}
+		e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", intent.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
+			Content: text, InboxSeq: m.seq, TurnID: intent.ID, SenderName: m.body.Source.UserName, Timestamp: w.cfg.Now()}
+		if err := l.appendOwned(st, &e); err != nil {
+			l.log.Warn("append user entry", "err", err)
+			return false
+		}
+		users = append(users, UserMessage{InboxSeq: m.seq, Text: text, SenderName: m.body.Source.UserName})
+	}
+	crashPoint("after_append")
+	if len(users) == 0 {
+		return l.finish(st, intent, StatusDuplicate, nil, nil)
+	}
+
+	// A final reply already in the transcript means the turn completed.
+	if done, ok := findEntry(st, intent.ID+":reply"); ok {
+		if err := l.publishReply(st, intent, *done, session.ReplyKindReply, src); err != nil {
+			return false
+		}
+		return l.finish(st, intent, StatusCompleted, nil, nil)
+	}
+
+	agent, err := l.agentFor(intent.SessionID)
+	if err != nil {
+		return l.failTurn(st, intent, src, err)
+	}
+	notes := append([]string(nil), intent.Notes...)
+	if !resumed {
+		if n := toolTailNote(st); n != "" {
+			notes = append(notes, n)
+		}
+	}
+	turn := &Turn{
+		SessionKey:    l.entry.SessionKey,
+		SessionID:     intent.SessionID,
+		TurnID:        intent.ID,
+		Source:        src,
+		ContextPrompt: session.BuildContextPrompt(src, l.entry, w.cfg.Context),
+		Notes:         notes,
+		History:       st.history(),
+		Messages:      users,
+	}
+	var steerErr error // set by the agent goroutine, read after it is done
+	if l.busyMode() == BusySteer {
+		turn.Steer = func(ctx context.Context) ([]UserMessage, error) {
+			msgs, err := l.steer(ctx, st, intent)
+			if err != nil && steerErr == nil {
+				steerErr = err
+			}
+			return msgs, err
+		}
+	}
+
+	// A bounded number of agent runs at once per worker.
+	// A turn recovered for its last attempt already holds the gate.
+	release := func() {}
+	if !l.holdsGate {
+		var ok bool
+		if release, ok = w.turns.acquire(l.ctx); !ok {
+			return false
+		}
+	}
+	if resumed && intent.AgentStarted < intent.Attempt {
+		// Recorded before the agent runs: only an attempt interrupted
+		// from here on counts as interrupted (see recoverTurn).
+		if err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+			if e.Turn == nil || e.Turn.ID != intent.ID {
+				return nil, errLeaseLost
+			}
+			e.Turn.AgentStarted = intent.Attempt
+			return e, nil
+		}, true); err != nil {
+			release()
+			l.log.Warn("record agent start", "turn", intent.ID, "err", err)
+			return false
+		}
+		intent.AgentStarted = intent.Attempt
+	}
+	res, runErr, stopCause := l.runAgent(agent, st, intent, turn)
+	release()
+	if stopCause == nil && runErr != nil && steerErr != nil {
+		// Recording steered input failed (store trouble or a lost lease):
+		// abandon the turn rather than report an agent failure.
+		stopCause = steerErr
+	}
+
+	switch {
+	case stopCause == nil && runErr == nil:
+		if res != nil && res.Text != "" {
+			e := transcript.Entry{ID: intent.ID + ":reply", Kind: transcript.KindMessage, Role: "assistant", Content: res.Text,
+				Reasoning: res.Reasoning, FinishReason: nonEmpty(res.FinishReason, "stop"), TokenCount: int(res.OutputTokens),
+				TurnID: intent.ID, Timestamp: w.cfg.Now()}
+			if err := l.appendOwned(st, &e); err != nil {
+				l.log.Warn("append reply", "err", err)
+				return false
+			}
+			// The reply goes out while the turn's end is appended. The
+			// commit waits for both; after a crash before it, recovery
+			// republishes the reply (same Msg-Id) from the transcript.
+			published := make(chan error, 1)
+			go func() { published <- l.publishReply(st, intent, e, session.ReplyKindReply, src) }()
+			w.stats.Turns.Add(1)
+			return l.finishThen(st, intent, StatusCompleted, res, nil, func() error {
+				if err := <-published; err != nil {
+					return err
+				}
+				crashPoint("after_reply")
+				return nil
+			})
+		}
+		crashPoint("after_reply")
+		w.stats.Turns.Add(1)
+		return l.finish(st, intent, StatusCompleted, res, nil)
+	case errors.Is(stopCause, ErrTurnInterrupted):
+		return l.finish(st, intent, StatusInterrupted, nil, nil)
+	case errors.Is(stopCause, errStopped):
+		return l.finish(st, intent, StatusStopped, nil, nil)
+	case stopCause != nil:
+		// Lease lost, drain timeout or hard stop: no commit; the intent
+		// stays for whoever owns the lane next.
+		l.log.Info("turn abandoned", "turn", intent.ID, "cause", stopCause)
+		return false
+	default:
+		return l.failTurn(st, intent, src, runErr)
+	}
+}
+
+// failTurn commits a turn whose agent failed, telling the user. It is not
+// retried and not counted as interrupted.
+func (l *lane) failTurn(st *txState, intent *session.TurnIntent, src session.SessionSource, runErr error) bool {
+	l.w.stats.TurnsFailed.Add(1)
+	l.log.Warn("agent failed", "turn", intent.ID, "err", runErr)
+	var pe *PanicError
+	if errors.As(runErr, &pe) {
+		l.log.Error("agent panicked", "turn", intent.ID, "panic", pe.Value, "stack", string(pe.Stack))
+	}
+	text := "⚠️ Sorry, something went wrong while answering that message. Send it again, or /retry."
+	if err := l.emitNotice(st, intent, intent.ID+":error", text, src); err != nil {
+		return false
+	}
+	return l.finish(st, intent, StatusFailed, nil, nil)
+}
+
+// runAgent runs the agent in its own goroutine, watching the lane for busy
+// input, a drain and the lease. It returns the agent's result and error, and
+// the cause when the turn was stopped from outside.
+func (l *lane) runAgent(agent Agent, st *txState, intent *session.TurnIntent, turn *Turn) (*Result, error, error) {
+	w := l.w
+	ctx, cancel := context.WithCancelCause(l.ctx)
+	defer cancel(nil)
+	ctx, cancelTimeout := context.WithTimeout(ctx, w.cfg.GatewayTimeout)
+	defer cancelTimeout()
+
+	em := &emitter{l: l, st: st, intent: intent}
+	type outcome struct {
+		res *Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	l.turnStart.Store(mono())
+	defer l.turnStart.Store(0)
+	go func() {
+		var o outcome
+		defer func() {
+			if p := recover(); p != nil {
+				o = outcome{err: &PanicError{Value: p, Stack: debug.Stack()}}
+			}
+			done <- o
+		}()
+		o.res, o.err = agent.Run(ctx, turn, em)
+	}()
+
+	mode := l.busyMode()
+	var drainTimer <-chan time.Time
+	drainMarked := false
+	var stopCause error
+	for {
+		select {
+		case o := <-done:
+			if stopCause == nil && l.ctx.Err() != nil {
+				stopCause = context.Cause(l.ctx)
+			}
+			if stopCause == nil && em.err != nil {
+				// A durable write of the turn failed (store trouble or a lost
+				// lease): the turn is abandoned, not failed; its record stays
+				// for whoever owns the lane next.
+				stopCause = em.err
+			}
+			if stopCause == nil && o.err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return nil, fmt.Errorf("agent exceeded the gateway timeout of %s", w.cfg.GatewayTimeout), nil
+			}
+			if stopCause != nil {
+				return nil, nil, stopCause
+			}
+			return o.res, o.err, nil
+		case <-l.hints:
+			l.checkBusy(ctx, cancel, intent, mode, &stopCause)
+		case <-l.signal:
+			l.checkBusy(ctx, cancel, intent, mode, &stopCause)
+		case <-w.drainCh:
+			if !drainMarked {
+				drainMarked = true
+				reason := "shutdown_timeout"
+				if w.cfg.Restart {
+					reason = "restart_timeout"
+				}
+				if err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+					if !e.MarkResumePending(reason, w.cfg.Now()) {
+						return nil, errNoChange
+					}
+					return e, nil
+				}, true); err != nil && !errors.Is(err, errNoChange) {
+					l.log.Warn("mark resume pending at drain", "err", err)
+				}
+				drainTimer = time.After(w.cfg.DrainTimeout)
+			}
+		case <-drainTimer:
+			if !w.othersAlive() {
+				// The turn is cut and nobody can take it over now: tell the
+				// user, honestly (before the cancel: the lease is still ours).
+				text := bannerShutdown
+				if w.cfg.Restart {
+					text = bannerRestart
+				}
+				if err := l.emitNotice(st, intent, intent.ID+":banner", text, turn.Source); err != nil {
+					l.log.Warn("drain banner", "err", err)
+				}
+			}
+			stopCause = errDrain
+			cancel(errDrain)
+			drainTimer = nil
+		case <-l.ctx.Done():
+			stopCause = context.Cause(l.ctx)
+			cancel(stopCause)
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				l.log.Error("agent ignored cancellation; abandoning it", "turn", intent.ID)
+			}
+			return nil, nil, stopCause
+		}
+	}
+}
+
+// checkBusy looks at what arrived after the running turn: a /stop stops it;
+// in interrupt mode a plain message that directly follows the turn's range
+// interrupts a turn of plain messages (it joins the next turn). A /queue item
+// or command in between means the next step is not a turn that message could
+// join, so nothing is interrupted; /queue turns are never interrupted.
+func (l *lane) checkBusy(ctx context.Context, cancel context.CancelCauseFunc, intent *session.TurnIntent, mode string, stopCause *error) {
+	if *stopCause != nil {
+		return
+	}
+	seq := l.turnLastSeq(intent) + 1
+	joinable := intent.Kind == session.KindMessage && mode == BusyInterrupt
+	for i := 0; i < 256; i++ {
+		if !l.mayHaveAfter(seq - 1) {
+			return
+		}
+		m, err := l.peek(ctx, seq)
+		if err != nil || m == nil {
+			return
+		}
+		switch {
+		case m.kind == session.KindCommand && m.body.Command == "stop":
+			*stopCause = errStopped
+			cancel(errStopped)
+			return
+		case m.kind == session.KindMessage && joinable:
+			*stopCause = ErrTurnInterrupted
+			cancel(ErrTurnInterrupted)
+			return
+		case m.kind != session.KindMessage:
+			joinable = false
+		}
+		seq = m.seq + 1
+	}
+}
+
+func (l *lane) busyMode() string {
+	if l.entry != nil && l.entry.BusyMode != "" {
+		return l.entry.BusyMode
+	}
+	return l.w.cfg.BusyMode
+}
+
+// finish appends the turn_end entry and commits the turn.
+func (l *lane) finish(st *txState, intent *session.TurnIntent, status string, res *Result, apply func(*session.SessionEntry)) bool {
+	return l.finishThen(st, intent, status, res, apply, nil)
+}
+
+// finishThen is finish with before, when set, run after the turn_end append
+// and before the commit, always (also when the append failed); an error
+// from it stops the commit.
+func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string, res *Result, apply func(*session.SessionEntry), before func() error) bool {
+	endID := intent.ID + ":end"
+	var appendErr error
+	if !st.ids[endID] {
+		e := transcript.Entry{ID: endID, Kind: transcript.KindTurnEnd, TurnID: intent.ID, Status: status, Timestamp: l.w.cfg.Now()}
+		if appendErr = l.appendOwned(st, &e); appendErr != nil {
+			l.log.Warn("append turn end", "err", appendErr)
+		}
+	}
+	if before != nil {
+		if err := before(); err != nil {
+			return false
+		}
+	}
+	if appendErr != nil {
+		return false
+	}
+	if !l.commit(intent, res, apply) {
+		return false
+	}
+	l.turnEvent("end", intent, status)
+	if status == StatusInterrupted {
+		// Keep a burst of follow-ups together: the next turn starts only
+		// after the collect window, whatever arrives meanwhile.
+		t := time.NewTimer(l.w.cfg.CollectWindow)
+		select {
+		case <-t.C:
+		case <-l.ctx.Done():
+		case <-l.w.drainCh:
+		}
+		t.Stop()
+	}
+	return true
+}
+
+// commit moves committed_seq past the turn in one CAS, then acks every held
+// delivery at or below it.
+func (l *lane) commit(intent *session.TurnIntent, res *Result, apply func(*session.SessionEntry)) bool {
+	w := l.w
+	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+		if e.LastTurnID == intent.ID || e.Turn == nil || e.Turn.ID != intent.ID {
+			return nil, errNoChange
+		}
+		if intent.LastSeq > e.CommittedSeq {
+			e.CommittedSeq = intent.LastSeq
+		}
+		e.LastTurnID = intent.ID
+		e.Turn = nil
+		e.ClearResumePending()
+		e.InterruptedTurns = 0
+		e.WasAutoReset = false
+		e.AutoResetReason = ""
+		e.IsFreshReset = false
+		e.ResetHadActivity = false
+		if res != nil {
+			e.InputTokens += res.InputTokens
+			e.OutputTokens += res.OutputTokens
+			e.TotalTokens += res.InputTokens + res.OutputTokens
+			e.LastPromptTokens = res.InputTokens
+		}
+		e.UpdatedAt = w.cfg.Now()
+		if apply != nil {
+			apply(e)
+		}
+		return e, nil
+	}, true)
+	if err != nil && !errors.Is(err, errNoChange) {
+		l.log.Warn("commit", "turn", intent.ID, "err", err)
+		return false
+	}
+	crashPoint("after_commit")
+	l.ackUpTo(l.entry.CommittedSeq)
+	return true
+}
+
+// commitSimple moves committed_seq past one message with no turn.
+func (l *lane) commitSimple(seq uint64) bool {
+	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+		if e.CommittedSeq >= seq {
+			return nil, errNoChange
+		}
+		e.CommittedSeq = seq
+		return e, nil
+	}, true)
+	if err != nil && !errors.Is(err, errNoChange) {
+		return false
+	}
+	l.ackUpTo(l.entry.CommittedSeq)
+	return true
+}
+
+// emitNotice appends a notice entry (once) and publishes it.
+func (l *lane) emitNotice(st *txState, intent *session.TurnIntent, id, text string, src session.SessionSource) error {
+	e, ok := findEntry(st, id)
+	if !ok {
+		ne := transcript.Entry{ID: id, Kind: transcript.KindNotice, Role: "system", Content: text, TurnID: intent.ID, Timestamp: l.w.cfg.Now()}
+		if err := l.appendOwned(st, &ne); err != nil {
+			return err
+		}
+		e = &ne
+	}
+	return l.publishReply(st, intent, *e, session.ReplyKindNotice, src)
+}
+
+// publishReply publishes a reply or notice derived from a stored transcript
+// entry, with the deterministic Msg-Id <session_id>:<tx seq>.
+func (l *lane) publishReply(st *txState, intent *session.TurnIntent, e transcript.Entry, kind string, src session.SessionSource) error {
+	if err := l.checkAlive(); err != nil {
+		return err
+	}
+	r := session.Reply{
+		ID: st.sessionID + ":" + seqString(e.Seq), SessionKey: l.entry.SessionKey, SessionID: st.sessionID,
+		TurnID: intent.ID, TxSeq: e.Seq, Kind: kind, Text: e.Content, Platform: src.Platform,
+		ChatID: src.ChatID, ThreadID: src.ThreadID, CreatedAt: e.Timestamp,
+	}
+	data, err := jsonMarshal(r)
+	if err != nil {
+		return err
+	}
+	platform := string(src.Platform)
+	if platform == "" {
+		platform = string(session.PlatformHTTP)
+	}
+	msg := nats.NewMsg(l.w.names.OutboxSubject(platform, l.lane))
+	msg.Data = data
+	msg.Header.Set(broker.HdrSessionKey, l.entry.SessionKey)
+	msg.Header.Set(broker.HdrTurnID, intent.ID)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), 5*time.Second)
+	defer cancel()
+	if _, err := l.w.js.PublishMsg(ctx, msg, jetstream.WithMsgID(r.ID)); err != nil {
+		l.log.Warn("publish reply", "id", r.ID, "err", err)
+		return err
+	}
+	return nil
+}
+
+// closeOld appends the closed entry to the session a turn switched away from.
+func (l *lane) closeOld(intent *session.TurnIntent) error {
+	old, err := l.txFor(intent.PreviousSessionID)
+	if err != nil {
+		return err
+	}
+	id := intent.ID + ":closed"
+	if old.ids[id] {
+		return nil
+	}
+	e := transcript.Entry{ID: id, Kind: transcript.KindClosed, NextSessionID: intent.SessionID, Reason: nonEmpty(intent.ResetReason, "switch"),
+		TurnID: intent.ID, Timestamp: l.w.cfg.Now()}
+	return l.appendOwned(old, &e)
+}
+
+// agentFor returns the cached agent of a session, or a new one.
+func (l *lane) agentFor(sid string) (Agent, error) {
+	if a := l.agents[sid]; a != nil {
+		return a, nil
+	}
+	a, err := l.w.cfg.Backend.NewAgent(l.entry.SessionKey, sid)
+	if err != nil {
+		return nil, err
+	}
+	l.agents[sid] = a
+	return a, nil
+}
+
+// emitter persists what the agent produces during a turn.
+type emitter struct {
+	l      *lane
+	st     *txState
+	intent *session.TurnIntent
+	n      int
+	err    error // the first durable-write failure, set by the agent goroutine
+}
+
+func (e *emitter) fail(err error) error {
+	if err != nil && e.err == nil {
+		e.err = err
+	}
+	return err
+}
+
+func (e *emitter) nextID() string {
+	e.n++
+	return fmt.Sprintf("%s:a%d:e%d", e.intent.ID, e.intent.Attempt, e.n)
+}
+
+func (e *emitter) ToolCall(ctx context.Context, call transcript.ToolCall) error {
+	if err := ctx.Err(); err != nil {
+		return context.Cause(ctx)
+	}
+	en := transcript.Entry{ID: e.nextID(), Kind: transcript.KindMessage, Role: "assistant", ToolCalls: []transcript.ToolCall{call},
+		TurnID: e.intent.ID, Timestamp: e.l.w.cfg.Now()}
+	return e.fail(e.l.appendOwned(e.st, &en))
+}
+
+func (e *emitter) ToolResult(ctx context.Context, callID, name, content string) error {
+	if err := ctx.Err(); err != nil {
+		return context.Cause(ctx)
+	}
+	en := transcript.Entry{ID: e.nextID(), Kind: transcript.KindMessage, Role: "tool", ToolCallID: callID, ToolName: name,
+		Content: content, TurnID: e.intent.ID, Timestamp: e.l.w.cfg.Now()}
+	return e.fail(e.l.appendOwned(e.st, &en))
+}
+
+func findEntry(st *txState, id string) (*transcript.Entry, bool) {
+	if !st.ids[id] {
+		return nil, false
+	}
+	for i := len(st.entries) - 1; i >= 0; i-- {
+		if st.entries[i].ID == id {
+			e := st.entries[i]
+			return &e, true
+		}
+	}
+	return nil, false
+}
+
+func sourceOf(e *session.SessionEntry, msgs []inboxMsg) session.SessionSource {
+	if len(msgs) > 0 && msgs[0].body.Source.Platform != "" {
+		return msgs[0].body.Source
+	}
+	if e != nil && e.Origin != nil {
+		return *e.Origin
+	}
+	return session.SessionSource{Platform: session.PlatformHTTP}
+}
+
+func nonEmpty(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// crashPoint exits the process at a named point when AGENTFLEET_CRASH_AT
+// names it: the fault injection the crash-point tests use on real
+// processes. It is inert unless that variable is set.
+func crashPoint(name string) {
+	if crashAt != "" && crashAt == name {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
+}
+
+var crashAt = os.Getenv("AGENTFLEET_CRASH_AT")
+
+// turnLastSeq is the turn's current last seq (steer input extends it).
+func (l *lane) turnLastSeq(intent *session.TurnIntent) uint64 {
+	l.opMu.Lock()
+	defer l.opMu.Unlock()
+	return intent.LastSeq
+}
+
+// steer records the plain messages that arrived after the running turn's
+// range into the turn (CAS turn.last_seq, then their user entries) and hands
+// them to the agent.
+func (l *lane) steer(ctx context.Context, st *txState, intent *session.TurnIntent) ([]UserMessage, error) {
+	var msgs []inboxMsg
+	seq := l.turnLastSeq(intent) + 1
+	for len(msgs) < l.w.cfg.MaxTurnMessages {
+		m, err := l.peek(ctx, seq)
+		if err != nil {
+			return nil, err
+		}
+		if m == nil || m.kind != session.KindMessage {
+			break
+		}
+		msgs = append(msgs, *m)
+		seq = m.seq + 1
+	}
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	last := msgs[len(msgs)-1].seq
+	if err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+		if e.Turn == nil || e.Turn.ID != intent.ID {
+			return nil, errLeaseLost
+		}
+		if e.Turn.LastSeq < last {
+			e.Turn.LastSeq = last
+		}
+		return e, nil
+	}, true); err != nil {
+		return nil, err
+	}
+	l.opMu.Lock()
+	intent.LastSeq = last
+	l.opMu.Unlock()
+	var out []UserMessage
+	for _, m := range msgs {
+		if !st.userSeqs[m.seq] {
+			e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", intent.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
+				Content: m.body.Text, InboxSeq: m.seq, TurnID: intent.ID, SenderName: m.body.Source.UserName, Timestamp: l.w.cfg.Now()}
+			if err := l.appendOwned(st, &e); err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, UserMessage{InboxSeq: m.seq, Text: m.body.Text, SenderName: m.body.Source.UserName})
+	}
+	return out, nil
+}
+
+// discard records a /queue item discarded by a following /new or /reset: a
+// transcript note and an event, then the commit past it. The /new notice
+// tells the user how many.
+func (l *lane) discard(m inboxMsg) bool {
+	if l.entry.SessionID != "" {
+		st, err := l.txFor(l.entry.SessionID)
+		if err != nil {
+			return false
+		}
+		id := fmt.Sprintf("discard:%d", m.seq)
+		if !st.ids[id] {
+			e := transcript.Entry{ID: id, Kind: transcript.KindNotice, Role: "system", Content: "Discarded queued message: " + m.body.Text,
+				InboxSeq: m.seq, TurnID: id, Timestamp: l.w.cfg.Now()}
+			if err := l.appendOwned(st, &e); err != nil {
+				return false
+			}
+		}
+	}
+	l.w.event("discarded", l.lane, map[string]any{"seq": m.seq, "reason": "reset"})
+	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+		if e.CommittedSeq >= m.seq {
+			return nil, errNoChange
+		}
+		e.CommittedSeq = m.seq
+		e.DiscardedQueue++
+		return e, nil
+	}, true)
+	if err != nil && !errors.Is(err, errNoChange) {
+		return false
+	}
+	l.ackUpTo(l.entry.CommittedSeq)
+	return true
+}

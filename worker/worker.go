@@ -1,0 +1,334 @@
+package worker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/transcript"
+)
+
+// Worker consumes wake-ups from the shared workers consumer and runs the
+// lane protocol for the lanes it owns.
+type Worker struct {
+	cfg    Config
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	res    *broker.Resources
+	names  broker.Names
+	store  *kv.Store
+	leases *kv.Leases
+	msgids *kv.MsgIDs
+	tx     *transcript.Log
+	owner  string
+	log    *slog.Logger
+	cache  *agentCache
+
+	mu        sync.Mutex
+	lanes     map[string]*lane
+	laneSlots chan struct{}
+	turns     *turnGate
+	wg        sync.WaitGroup
+
+	drainCh   chan struct{} // closed when a graceful stop begins
+	hardCtx   context.Context
+	hardStop  context.CancelFunc
+	drainOnce sync.Once
+
+	stats         Stats
+	started       time.Time
+	watcherLeader atomic.Bool
+	heldElsewhere sync.Map // lane -> time.Time until which another worker is known to hold it
+}
+
+// Stats are counters of a worker's activity.
+type Stats struct {
+	Turns       atomic.Int64
+	TurnsFailed atomic.Int64
+	Takeovers   atomic.Int64
+	Recoveries  atomic.Int64
+	DeadLetters atomic.Int64
+	Redelivered atomic.Int64
+	// Sweeps counts the expiry sweeps this worker ran as the watcher's
+	// leader.
+	Sweeps atomic.Int64
+	// ExpiryWakes counts the lanes this worker woke, as the watcher's
+	// leader, when their lease expired with work pending.
+	ExpiryWakes atomic.Int64
+}
+
+// New returns a worker over provisioned resources.
+func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Config) (*Worker, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	tx, err := transcript.New(js, c.Names, nil)
+	if err != nil {
+		return nil, err
+	}
+	var inc [4]byte
+	_, _ = rand.Read(inc[:])
+	w := &Worker{
+		cfg:       c,
+		nc:        nc,
+		js:        js,
+		res:       res,
+		names:     c.Names,
+		store:     kv.NewStore(res, &kv.StoreOptions{Now: c.Now}),
+		leases:    kv.NewLeases(js, res, c.Names, c.LeaseTTL),
+		msgids:    kv.NewMsgIDs(res),
+		tx:        tx,
+		owner:     c.ID + "/" + hex.EncodeToString(inc[:]),
+		cache:     newAgentCache(c.CacheSize, c.CacheIdleTTL),
+		lanes:     map[string]*lane{},
+		laneSlots: make(chan struct{}, c.MaxLanes),
+		turns:     newTurnGate(c.MaxTurns),
+		drainCh:   make(chan struct{}),
+		started:   time.Now(),
+	}
+	w.log = c.Logger.With("worker", w.owner)
+	w.hardCtx, w.hardStop = context.WithCancel(context.Background())
+	return w, nil
+}
+
+// Owner is the owner id this worker writes into leases and entries.
+func (w *Worker) Owner() string { return w.owner }
+
+// Stats returns the worker's counters.
+func (w *Worker) Stats() *Stats { return &w.stats }
+
+// LanesOwned returns how many lanes the worker holds now.
+func (w *Worker) LanesOwned() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.lanes)
+}
+
+// Run pulls wake-ups until ctx is cancelled, then stops gracefully: it stops
+// pulling, hands back what it had buffered, releases idle lanes at once,
+// marks running turns resume_pending, waits up to the drain timeout, cancels
+// what is left and releases everything. Run returns when all of that is done.
+func (w *Worker) Run(ctx context.Context) error {
+	if err := broker.AssertWorkersConsumer(ctx, w.res.Consumer, w.cfg.LeaseTTL); err != nil {
+		return err
+	}
+	it, err := w.res.Consumer.Messages(jetstream.PullMaxMessages(4), jetstream.PullExpiry(5*time.Second))
+	if err != nil {
+		return fmt.Errorf("worker: pull: %w", err)
+	}
+	evictSub, err := w.nc.Subscribe(w.names.EvictSubject(), func(m *nats.Msg) {
+		w.cache.evictSession(string(m.Data))
+	})
+	if err != nil {
+		it.Stop()
+		return fmt.Errorf("worker: subscribe evictions: %w", err)
+	}
+	defer evictSub.Unsubscribe() //nolint:errcheck
+
+	sweepDone := make(chan struct{})
+	go func() {
+		defer close(sweepDone)
+		t := time.NewTicker(time.Minute)
+		defer t.Stop()
+		for {
+			select {
+			case <-w.drainCh:
+				return
+			case <-t.C:
+				now := time.Now()
+				w.cache.sweep(now)
+				w.heldElsewhere.Range(func(k, v any) bool {
+					if now.After(v.(time.Time)) {
+						w.heldElsewhere.Delete(k)
+					}
+					return true
+				})
+			}
+		}
+	}()
+
+	bgStop := make(chan struct{})
+	var bg sync.WaitGroup
+	bg.Add(2)
+	go func() { defer bg.Done(); w.heartbeatLoop(bgStop) }()
+	go func() { defer bg.Done(); w.watcherLoop(bgStop) }()
+
+	stopWatch := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			w.beginDrain()
+			it.Drain()
+		case <-stopWatch:
+		}
+	}()
+
+	w.log.Info("worker started", "lease_ttl", w.cfg.LeaseTTL, "max_lanes", w.cfg.MaxLanes, "max_turns", w.cfg.MaxTurns)
+	var runErr error
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				break
+			}
+			if w.draining() {
+				break
+			}
+			w.log.Warn("pull", "err", err)
+			// Never spin on a failing pull: back off briefly.
+			select {
+			case <-w.drainCh:
+			case <-time.After(250 * time.Millisecond):
+			}
+			continue
+		}
+		if w.draining() {
+			_ = msg.Nak()
+			continue
+		}
+		w.dispatch(msg)
+	}
+	close(stopWatch)
+	w.beginDrain()
+	// Wait for lanes to finish their drain, then hard-stop whatever is left.
+	done := make(chan struct{})
+	go func() { w.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(w.cfg.DrainTimeout + w.cfg.LeaseTTL):
+		w.hardStop()
+		<-done
+	}
+	w.hardStop()
+	close(bgStop)
+	bg.Wait()
+	if err := w.heartbeat(StateStopped, stoppedRecordTTL); err != nil {
+		w.log.Warn("record clean stop", "err", err)
+	}
+	<-sweepDone
+	w.cache.closeAll()
+	w.log.Info("worker stopped")
+	return runErr
+}
+
+func (w *Worker) beginDrain() {
+	w.drainOnce.Do(func() { close(w.drainCh) })
+}
+
+func (w *Worker) draining() bool {
+	select {
+	case <-w.drainCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// laneOf extracts the lane token from an inbox subject <prefix>.in.<p>.<lane>.
+func (w *Worker) laneOf(subject string) (string, bool) {
+	parts := strings.SplitN(subject, ".", 4)
+	if len(parts) != 4 || parts[0] != w.names.Prefix() || parts[1] != "in" || parts[3] == "" {
+		return "", false
+	}
+	return parts[3], true
+}
+
+// dispatch hands a delivery to the lane's runner, starting one if needed.
+// Starting a runner needs a lane slot: at capacity it blocks, which stops
+// pulling (it never NAKs in a hot loop).
+func (w *Worker) dispatch(msg jetstream.Msg) {
+	laneTok, ok := w.laneOf(msg.Subject())
+	if !ok {
+		w.log.Error("inbox message outside the lane layout; acked and ignored", "subject", msg.Subject())
+		_ = msg.Ack()
+		return
+	}
+	if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
+		w.stats.Redelivered.Add(1)
+	}
+	// Another worker was seen holding this lane a moment ago: hand the
+	// delivery back without a round trip (its owner reads the lane itself).
+	if v, ok := w.heldElsewhere.Load(laneTok); ok && msg.Headers().Get(broker.HdrKind) != KindInternalHeader {
+		if time.Now().Before(v.(time.Time)) {
+			_ = msg.NakWithDelay(time.Second)
+			return
+		}
+		w.heldElsewhere.Delete(laneTok)
+	}
+	w.mu.Lock()
+	if l := w.lanes[laneTok]; l != nil && l.offer(msg) {
+		w.mu.Unlock()
+		return
+	}
+	w.mu.Unlock()
+	select {
+	case w.laneSlots <- struct{}{}:
+	case <-w.drainCh:
+		_ = msg.Nak()
+		return
+	}
+	w.mu.Lock()
+	if l := w.lanes[laneTok]; l != nil && l.offer(msg) {
+		w.mu.Unlock()
+		<-w.laneSlots
+		return
+	}
+	l := newLane(w, laneTok)
+	l.offer(msg)
+	w.lanes[laneTok] = l
+	w.wg.Add(1)
+	w.mu.Unlock()
+	go l.run()
+}
+
+// laneExit removes a finished runner and returns the deliveries it was
+// handed after it stopped looking.
+func (w *Worker) laneExit(l *lane) []jetstream.Msg {
+	w.mu.Lock()
+	if w.lanes[l.lane] == l {
+		delete(w.lanes, l.lane)
+	}
+	left := l.closeInbox()
+	w.mu.Unlock()
+	<-w.laneSlots
+	w.wg.Done()
+	return left
+}
+
+// event publishes a lifecycle event (best effort, never blocks a turn).
+func (w *Worker) event(kind, laneTok string, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	// A core publish: the events stream stores it; no PubAck is awaited
+	// (events are best effort, and the turn path must not pay for them).
+	if err := w.nc.Publish(w.names.EventSubject(kind, laneTok), data); err != nil {
+		w.log.Debug("event publish", "kind", kind, "err", err)
+	}
+}
+
+// KindInternalHeader is the Fleet-Kind of the fleet's own wake-ups and
+// commands: they skip the "held elsewhere" fast path, since they are sent
+// precisely when a lane changes hands.
+const KindInternalHeader = broker.KindInternal
+
+func newID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
