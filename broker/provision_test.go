@@ -110,12 +110,18 @@ func TestProvisionR3OnCluster(t *testing.T) {
 	c := natstest.RunCluster(t, 3)
 	nc := c.Connect(t)
 	js := natstest.JetStream(t, nc)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
+	// Provisioning is idempotent. On a loaded machine an R3 create can wait
+	// out a stream group's election and its answer can be lost while the
+	// fresh cluster settles: bound each attempt, so that one lost answer
+	// does not eat the whole wait (CI once spent all 30s on one attempt).
 	var res *broker.Resources
-	natstest.WaitFor(t, 30*time.Second, "R3 provisioning", func() error {
+	natstest.WaitFor(t, 2*time.Minute, "R3 provisioning", func() error {
+		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
 		var err error
-		res, err = broker.Provision(ctx, js, broker.ProvisionConfig{Replicas: 3})
+		res, err = broker.Provision(pctx, js, broker.ProvisionConfig{Replicas: 3})
 		return err
 	})
 	info, err := res.Inbox.Info(ctx)

@@ -46,13 +46,15 @@ func (e *env) connect(t *testing.T) (jetstream.JetStream, *broker.Resources) {
 
 func provisionOn(t *testing.T, js jetstream.JetStream, replicas int) (jetstream.JetStream, *broker.Resources) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	// A fresh cluster can still refuse replicated assets for a moment ("no
-	// suitable peers for placement, peer offline"): retry until it places
-	// them.
+	// suitable peers for placement, peer offline"), and on a loaded machine
+	// an R3 create can wait out a stream group's election or lose its
+	// answer: retry, each attempt bounded so one lost answer cannot eat the
+	// whole wait.
 	var res *broker.Resources
-	natstest.WaitFor(t, 30*time.Second, fmt.Sprintf("provisioning with %d replicas", replicas), func() error {
+	natstest.WaitFor(t, 2*time.Minute, fmt.Sprintf("provisioning with %d replicas", replicas), func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
 		var err error
 		res, err = broker.Provision(ctx, js, broker.ProvisionConfig{Names: names, LeaseTTL: provisionTTL, Replicas: replicas})
 		return err

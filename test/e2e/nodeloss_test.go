@@ -58,8 +58,8 @@ func TestNodeLossR3(t *testing.T) {
 	if c.js, err = jetstream.New(nc); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "R3 provisioning on the three-node cluster", func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	waitFor(t, 2*time.Minute, "R3 provisioning on the three-node cluster", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		res, err := broker.Provision(ctx, c.js, broker.ProvisionConfig{Names: c.names, Replicas: 3, LeaseTTL: leaseTTL})
 		if err != nil {
