@@ -81,6 +81,12 @@ type TurnIntent struct {
 	// FirstSeq and LastSeq bound the inbox messages the turn incorporates.
 	FirstSeq uint64 `json:"first_seq"`
 	LastSeq  uint64 `json:"last_seq"`
+	// RetryFrom is the last seq of the range as first recorded, once a retry
+	// after an interrupted attempt narrowed the range to its first message
+	// (so that a poison message dead-letters alone). The messages up to it
+	// belong to the turns that follow; they are not news that interrupts or
+	// steers the narrowed retry.
+	RetryFrom uint64 `json:"retry_from,omitempty"`
 	// Kind is "messages", "queue" or "command".
 	Kind string `json:"kind"`
 	// Attempt starts at 1 and grows with each interrupted attempt.

@@ -552,16 +552,22 @@ func TestInterruptOnlyByJoinableMessage(t *testing.T) {
 // plain message arriving while it runs waits for it, in every busy mode.
 func TestQueueTurnNotInterrupted(t *testing.T) {
 	t.Parallel()
-	f := newFleet(t)
-	f.startWorker("w1", noReset)
-	lane, sq := f.send("qturn", "/queue q1\n!sleep 1500ms")
-	q := f.waitTurn(lane, sq)
-	_, sm := f.send("qturn", "m2")
-	e := f.settled(lane, sm)
-	got := texts(f.replies(lane), session.ReplyKindReply)
-	if want := []string{"echo: q1", "echo: m2"}; !slices.Equal(got, want) {
-		status, _ := transcript.TurnEnded(f.load(e.SessionID), q.ID)
-		t.Fatalf("replies %q, want %q (the /queue turn ended %q)", got, want, status)
+	for _, mode := range []string{worker.BusyInterrupt, worker.BusyQueue, worker.BusySteer} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			f := newFleet(t)
+			f.startWorker("w1", mods(noReset, func(c *worker.Config) { c.BusyMode = mode }))
+			lane, sq := f.send("qturn", "/queue q1\n!sleep 1500ms")
+			q := f.waitTurn(lane, sq)
+			_, sm := f.send("qturn", "m2")
+			e := f.settled(lane, sm)
+			got := texts(f.replies(lane), session.ReplyKindReply)
+			if want := []string{"echo: q1", "echo: m2"}; !slices.Equal(got, want) {
+				status, _ := transcript.TurnEnded(f.load(e.SessionID), q.ID)
+				t.Fatalf("replies %q, want %q (the /queue turn ended %q)", got, want, status)
+			}
+			checkSeparateTurns(t, f.load(e.SessionID), []string{"q1\n!sleep 1500ms", "m2"})
+		})
 	}
 }
 

@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/test/natstest"
+	"github.com/agentfleet/agentfleet/transcript"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -76,6 +78,56 @@ func TestDrainAloneMarksResumesAndBanners(t *testing.T) {
 	e = f.waitCommitted(lane, seq)
 	if e.SessionID != sid || e.ResumePending || e.InterruptedTurns != 0 {
 		t.Fatalf("after the resumed turn: session %s (was %s) resume_pending %v interrupted %d", e.SessionID, sid, e.ResumePending, e.InterruptedTurns)
+	}
+}
+
+// TestResumedRetryNotInterruptedByItsOwnRange: a turn over two messages is
+// cut by a drain; its retry runs the first message alone (a poison suspect
+// dead-letters alone), and the second, which was part of the cut turn, is
+// not news that interrupts that retry (default busy mode interrupt): both
+// get their reply, in order, each in its own turn.
+func TestResumedRetryNotInterruptedByItsOwnRange(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	lane, _ := f.post("narrow", "a\n!sleep 2s", "n1")
+	_, sb := f.post("narrow", "b", "n2")
+
+	nc := f.srv.Connect(t)
+	js := natstest.JetStream(t, nc)
+	w, err := worker.New(nc, js, f.res, worker.Config{ID: "cut", Names: f.names, Backend: echo.Backend(echo.Options{}),
+		LeaseTTL: testTTL, LeaseMargin: 500 * time.Millisecond, Linger: 5 * time.Second, DrainTimeout: 300 * time.Millisecond,
+		Reset: session.ResetConfig{Default: session.ResetPolicy{Mode: session.ResetNone}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	if turn := f.waitTurn(lane, sb); turn.FirstSeq == turn.LastSeq {
+		t.Fatalf("the first turn covers %d..%d, want both messages", turn.FirstSeq, turn.LastSeq)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("worker did not stop")
+	}
+	if e := f.entry(lane); e.Turn == nil || e.CommittedSeq >= sb {
+		t.Fatalf("after the drain: turn %+v committed %d; want the cut turn kept", e.Turn, e.CommittedSeq)
+	}
+
+	f.startWorker("successor", noReset)
+	e := f.settled(lane, sb)
+	if got, want := texts(f.replies(lane), session.ReplyKindReply), []string{"echo: a", "echo: b"}; !slices.Equal(got, want) {
+		t.Fatalf("replies %q, want %q", got, want)
+	}
+	// Each user message once, in order (b's entry was written by the cut
+	// attempt and is reused, not written again).
+	if got, want := contents(f.effective(e.SessionID), transcript.RoleUser), []string{"a\n!sleep 2s", "b"}; !slices.Equal(got, want) {
+		t.Fatalf("user entries %q, want %q", got, want)
 	}
 }
 

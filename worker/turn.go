@@ -279,7 +279,9 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		Messages:      users,
 	}
 	var steerErr error // set by the agent goroutine, read after it is done
-	if l.busyMode() == BusySteer {
+	// Only a turn of plain messages takes steered input: a /queue item is
+	// exactly one turn, and a narrowed retry (a poison suspect) runs alone.
+	if l.busyMode() == BusySteer && intent.Kind == session.KindMessage && intent.RetryFrom == 0 {
 		turn.Steer = func(ctx context.Context) ([]UserMessage, error) {
 			msgs, err := l.steer(ctx, st, intent)
 			if err != nil && steerErr == nil {
@@ -489,7 +491,9 @@ func (l *lane) checkBusy(ctx context.Context, cancel context.CancelCauseFunc, in
 	if *stopCause != nil {
 		return
 	}
-	seq := l.turnLastSeq(intent) + 1
+	// The rest of a narrowed retry's first range follows in the next turns;
+	// only what lies beyond it is news.
+	seq := max(l.turnLastSeq(intent), intent.RetryFrom) + 1
 	joinable := intent.Kind == session.KindMessage && mode == BusyInterrupt
 	for i := 0; i < 256; i++ {
 		if !l.mayHaveAfter(seq - 1) {
