@@ -26,10 +26,13 @@
 // original sequence and "duplicate": true, and publishes nothing.
 //
 // Bad input gets a 4xx with {"error": "..."} and publishes nothing: malformed
-// JSON, unknown fields, a missing or blank text, a missing chat_id, an
-// unknown platform or chat type, identifiers that could escape a path or a
-// subject (400), a body over Config.MaxBodyBytes (413), a missing or wrong
-// bearer token when Config.Token is set (401).
+// JSON, unknown fields, a missing or blank text, a /queue without text, a
+// missing chat_id, an unknown platform or chat type, a platform other than
+// "http" (its messages come through its own adapter, and its replies would
+// never reach these mailboxes), identifiers that could escape a path or a
+// subject (400), a body over Config.MaxBodyBytes or a message larger than the
+// server's payload limit once enveloped (413), a missing or wrong bearer
+// token when Config.Token is set (401).
 //
 // # Reading replies
 //

@@ -86,6 +86,9 @@ func decodeMessage(w http.ResponseWriter, r *http.Request, max int64) (*messageR
 	if r.ContentLength > max {
 		return nil, tooLarge()
 	}
+	// A client trickling its body in byte by byte must not hold a handler
+	// for ever. (Not a server-wide ReadTimeout: it would also end long polls.)
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(BodyReadTimeout))
 	body := http.MaxBytesReader(w, r.Body, max)
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
@@ -147,7 +150,13 @@ func (s *Server) buildInbound(req *messageRequest, now time.Time) (*inboxMessage
 		if err != nil {
 			return nil, badRequest("platform: %v", err)
 		}
-		platform = p
+		// Replies go to the platform's own outbox and only the http
+		// mailboxes are readable here: a message of another platform would
+		// be answered where this client can never read it, and could take
+		// that platform's message ids away from its real adapter.
+		if p != session.PlatformHTTP {
+			return nil, badRequest("platform %q: this endpoint takes messages of platform %q only; %s messages come through their own adapter", p, session.PlatformHTTP, p)
+		}
 	}
 	src := session.SessionSource{
 		Platform:  platform,
@@ -170,6 +179,9 @@ func (s *Server) buildInbound(req *messageRequest, now time.Time) (*inboxMessage
 	kind, command, args := session.Classify(req.Text)
 	text := req.Text
 	if kind == session.KindQueue {
+		if strings.TrimSpace(args) == "" {
+			return nil, badRequest("/%s needs the text to queue, as in \"/%s <text>\"", command, command)
+		}
 		text = args
 	}
 	m := &inboxMessage{
@@ -212,22 +224,18 @@ func (s *Server) accept(r *http.Request, m *inboxMessage) (*acceptResponse, *api
 		corrupt = bad
 	}
 
-	body, err := json.Marshal(m.inbound)
-	if err != nil {
-		return nil, &apiError{status: http.StatusInternalServerError, msg: "cannot encode the message", err: err}
-	}
-	msg := nats.NewMsg(m.subject)
-	msg.Data = body
-	msg.Header.Set(broker.HdrSessionKey, key)
-	msg.Header.Set(broker.HdrKind, m.inbound.Kind)
-	if pmid != "" {
-		msg.Header.Set(broker.HdrPlatformMsgID, pmid)
+	msg, e := s.inboxMsg(m)
+	if e != nil {
+		return nil, e
 	}
 	ctx, cancel := s.opContext(r)
 	ack, err := s.js.PublishMsg(ctx, msg,
 		jetstream.WithMsgID(m.msgID),
 		jetstream.WithExpectStream(s.names.InboxStream()))
 	cancel()
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return nil, errorf(http.StatusRequestEntityTooLarge, "the message is too large for the inbox (the server takes at most %d bytes per message, envelope included)", s.maxPayload())
+	}
 	if err != nil {
 		return nil, unavailable("the message could not be stored; retry", fmt.Errorf("publish to %s: %w", m.subject, err))
 	}
@@ -256,6 +264,49 @@ func (s *Server) accept(r *http.Request, m *inboxMessage) (*acceptResponse, *api
 		resp.Seq, resp.Duplicate = owner, true
 	}
 	return resp, nil
+}
+
+// inboxMsg encodes m as the inbox message. A message the server would not
+// take (its payload limit, envelope and headers included) is refused with
+// 413: retrying it cannot help.
+func (s *Server) inboxMsg(m *inboxMessage) (*nats.Msg, *apiError) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // "<" stays one byte, not six
+	if err := enc.Encode(m.inbound); err != nil {
+		return nil, &apiError{status: http.StatusInternalServerError, msg: "cannot encode the message", err: err}
+	}
+	msg := nats.NewMsg(m.subject)
+	msg.Data = bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	msg.Header.Set(broker.HdrSessionKey, m.inbound.SessionKey)
+	msg.Header.Set(broker.HdrKind, m.inbound.Kind)
+	if m.inbound.PlatformMsgID != "" {
+		msg.Header.Set(broker.HdrPlatformMsgID, m.inbound.PlatformMsgID)
+	}
+	if limit := s.maxPayload(); limit > 0 {
+		// The payload limit counts the data and the header block, which
+		// also gets the Msg-Id and expected-stream headers of the publish.
+		size := len(msg.Data) + len("NATS/1.0\r\n\r\n") +
+			len(jetstream.MsgIDHeader) + len(m.msgID) + 4 +
+			len("Nats-Expected-Stream") + len(s.names.InboxStream()) + 4
+		for k, vs := range msg.Header {
+			for _, v := range vs {
+				size += len(k) + len(v) + 4 // "k: v\r\n"
+			}
+		}
+		if int64(size) > limit {
+			return nil, errorf(http.StatusRequestEntityTooLarge, "the message is too large for the inbox: %d bytes with its envelope, the server takes at most %d", size, limit)
+		}
+	}
+	return msg, nil
+}
+
+// maxPayload is the connection's payload limit, 0 when unknown.
+func (s *Server) maxPayload() int64 {
+	if nc := s.js.Conn(); nc != nil {
+		return nc.MaxPayload()
+	}
+	return 0
 }
 
 // lookupMsgID returns the inbox seq recorded for pmid, if any. A record

@@ -113,7 +113,11 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	defer box.close()
 
 	rc := http.NewResponseController(w)
-	_ = rc.SetWriteDeadline(time.Time{}) // the stream lasts as long as the client wants
+	// The stream lasts as long as the client wants, but each write must get
+	// through within two heartbeats: a client that stops reading would
+	// otherwise block the handler (and its mailbox consumer) for ever.
+	writeDeadline := func() { _ = rc.SetWriteDeadline(time.Now().Add(2 * s.cfg.EventsHeartbeat)) }
+	writeDeadline()
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
@@ -139,6 +143,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		case ctx.Err() != nil:
 			return // the client went away, or Close
 		case hctx.Err() != nil:
+			writeDeadline()
 			if _, err := fmt.Fprint(w, ": heartbeat\n\n"); err != nil {
 				return
 			}
@@ -159,6 +164,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			continue
 		}
+		writeDeadline()
 		if _, err := fmt.Fprintf(w, "id: %d\nevent: reply\ndata: %s\n\n", v.Seq, data); err != nil {
 			return
 		}

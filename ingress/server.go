@@ -27,6 +27,9 @@ const (
 	DefaultEventsHeartbeat       = 15 * time.Second
 )
 
+// BodyReadTimeout bounds the reading of a request body.
+const BodyReadTimeout = 30 * time.Second
+
 // MaxWait caps the wait of a long poll on /replies.
 const MaxWait = 60 * time.Second
 
@@ -61,6 +64,13 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Names.Prefix() == "" {
 		c.Names = broker.MustNames(broker.DefaultPrefix)
 	}
+	// A token read from a file or a YAML block often ends in a newline; the
+	// request's token is trimmed too, so trim both alike.
+	token := strings.TrimSpace(c.Token)
+	if token == "" && c.Token != "" {
+		return c, fmt.Errorf("%w: Token is only white space", ErrInvalidConfig)
+	}
+	c.Token = token
 	if c.MaxBodyBytes < 0 {
 		return c, fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidConfig, c.MaxBodyBytes)
 	}

@@ -392,6 +392,9 @@ func TestPostMessageRejected(t *testing.T) {
 		{"missing chat_id", "", `{"text":"hi"}`, 400, "chat_id is required"},
 		{"blank chat_id", "", `{"chat_id":"  ","text":"hi"}`, 400, "chat_id is required"},
 		{"unknown platform", "", `{"platform":"myspace","chat_id":"c1","text":"hi"}`, 400, `unknown platform "myspace"`},
+		{"another adapter's platform", "", `{"platform":"telegram","chat_id":"-100123","message_id":"7","text":"hi"}`, 400, `platform "telegram"`},
+		{"queue without text", "", `{"chat_id":"c1","text":"/queue"}`, 400, "/queue needs the text"},
+		{"q without text", "", `{"chat_id":"c1","text":"  /q   "}`, 400, "/queue needs the text"},
 		{"bad chat type", "", `{"chat_id":"c1","chat_type":"room","text":"hi"}`, 400, `"room"`},
 		{"path traversal in chat_id", "", `{"chat_id":"../../etc/passwd","text":"hi"}`, 400, "chat_id"},
 		{"separator in user_id", "", `{"chat_id":"c1","user_id":"a/b","text":"hi"}`, 400, "user_id"},
@@ -434,6 +437,35 @@ func TestPostMessageRejected(t *testing.T) {
 	}
 }
 
+// TestPostMessageTooLargeForServer: a body within the adapter's limit whose
+// inbox message (envelope and headers included) the server would not take
+// is refused with 413, not a 503 that invites retrying for ever, and
+// nothing is published. HTML characters are stored as they are (one byte,
+// not six), so they do not inflate the message.
+func TestPostMessageTooLargeForServer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{maxBody: 4 << 20})
+	limit := b.nc.MaxPayload()
+	text := strings.Repeat("x", int(limit)-100)
+	body, _ := json.Marshal(map[string]string{"chat_id": "c1", "message_id": "big", "text": text})
+	wantError(t, b.post(t, string(body)), http.StatusRequestEntityTooLarge, "too large for the inbox")
+	if n := b.inboxCount(t); n != 0 {
+		t.Fatalf("a refused message was published (%d in the inbox)", n)
+	}
+	if _, err := b.res.MsgIDs.Get(t.Context(), session.LaneToken("http:c1:big")); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("a refused message left a msgids record: %v", err)
+	}
+
+	// Just under the limit with angle brackets and ampersands: accepted and
+	// stored verbatim.
+	text = strings.Repeat("<&>", int(limit-2048)/3)
+	wantStatus(t, b.post(t, `{"chat_id":"c1","text":"`+text+`"}`), http.StatusAccepted)
+	var in session.Inbound
+	if err := json.Unmarshal(b.inboxMsg(t, 1).Data, &in); err != nil || in.Text != text {
+		t.Fatalf("stored text differs (%v)", err)
+	}
+}
+
 func TestAuth(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{token: "s3cret"})
@@ -461,6 +493,11 @@ func TestAuth(t *testing.T) {
 	wantStatus(t, b.do(t, http.MethodPost, "/v1/messages", body, map[string]string{"Authorization": "bearer s3cret"}), http.StatusAccepted)
 	// Probes need no token.
 	wantStatus(t, b.do(t, http.MethodGet, "/healthz", "", map[string]string{"Authorization": ""}), http.StatusOK)
+
+	// A token configured with a trailing newline (a file, a YAML block) is
+	// the token without it.
+	nl := setup(t, setupOpts{token: "s3cret\n"})
+	wantStatus(t, nl.do(t, http.MethodPost, "/v1/messages", body, map[string]string{"Authorization": "Bearer s3cret"}), http.StatusAccepted)
 }
 
 func TestGetSession(t *testing.T) {
@@ -549,6 +586,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"other prefix":   {res, ingress.Config{Names: broker.MustNames("other")}},
 		"negative body":  {res, ingress.Config{MaxBodyBytes: -1}},
 		"negative delay": {res, ingress.Config{PublishTimeout: -time.Second}},
+		"blank token":    {res, ingress.Config{Token: " \n"}},
 	} {
 		if _, err := ingress.New(js, tc.res, tc.cfg); !errors.Is(err, ingress.ErrInvalidConfig) {
 			t.Errorf("%s: err %v, want ErrInvalidConfig", name, err)

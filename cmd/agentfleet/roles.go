@@ -199,7 +199,7 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 		del.Stop()
 		return nil, fmt.Errorf("http listen %s: %w", addr, err)
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	rt.log.Info("http listening", "addr", ln.Addr().String())
 	wg.Add(1)
 	go func() {
