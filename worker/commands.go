@@ -129,8 +129,13 @@ func (l *lane) runCommandIntent(intent *session.TurnIntent, msgs []inboxMsg) boo
 		if err := l.emitNotice(st, intent, intent.ID+":notice:0", text, src); err != nil {
 			return false
 		}
-		intent.Kind = session.KindMessage
-		return l.execute(intent, []inboxMsg{*follow}, false)
+		// The intent stays a command in the entry (recovery finds the
+		// stored rewind and counts the attempt, see recoverRetry): the turn
+		// runs on a copy, since the entry may hold this very intent. A
+		// resumed attempt records its agent start like any turn's.
+		run := intent.Clone()
+		run.Kind = session.KindMessage
+		return l.execute(run, []inboxMsg{*follow}, run.Attempt > 1)
 	}
 	if text != "" {
 		if err := l.emitNotice(st, intent, intent.ID+":notice:0", text, src); err != nil {

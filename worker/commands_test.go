@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/test/natstest"
 	"github.com/agentfleet/agentfleet/transcript"
@@ -722,5 +723,65 @@ func TestAgentFailureAndPanic(t *testing.T) {
 	}
 	if n := w.Stats().TurnsFailed.Load(); n != 2 {
 		t.Errorf("turns failed %d, want 2", n)
+	}
+}
+
+// A /retry whose re-run is interrupted again and again (here: each worker
+// stops with a drain timeout shorter than the turn) is dead-lettered like a
+// message turn: its attempts count, and after the third the /retry goes to
+// the dead-letter subject, the user is told, the lane is suspended, and the
+// next message starts a new session. (Uncounted, a /retry of a message that
+// crashes its worker would crash every worker that picks the lane up.)
+func TestRetryInterruptedRepeatedlyDeadLetters(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	lane := laneFor("retrycut")
+	_, stop0 := f.startStoppable("w0", noReset)
+	_, s := f.send("retrycut", "again\n!sleep 1500ms")
+	sid := f.settled(lane, s).SessionID
+	stop0()
+
+	quick := func(c *worker.Config) { c.DrainTimeout = 200 * time.Millisecond }
+	_, sr := f.send("retrycut", "/retry")
+	for attempt := 1; attempt <= worker.MaxInterruptedTurns; attempt++ {
+		_, stop := f.startStoppable(fmt.Sprintf("w%d", attempt), mods(noReset, quick))
+		natstest.WaitFor(t, 10*time.Second, fmt.Sprintf("attempt %d of the /retry to run its agent", attempt), func() error {
+			e := f.entry(lane)
+			if e.Turn == nil || e.Turn.FirstSeq != sr || e.Turn.Attempt != attempt {
+				return fmt.Errorf("turn %+v", e.Turn)
+			}
+			if attempt > 1 && e.Turn.AgentStarted != attempt {
+				return fmt.Errorf("agent of attempt %d not started: %+v", attempt, e.Turn)
+			}
+			if attempt == 1 && !slices.Contains(texts(f.replies(lane), session.ReplyKindNotice), wantRetryNotice) {
+				return errString("no retry notice yet")
+			}
+			return nil
+		})
+		stop()
+	}
+
+	w := f.startWorker("last", noReset)
+	e := f.settled(lane, sr)
+	if !e.Suspended || e.SessionID != sid {
+		t.Fatalf("after the third interrupted /retry: suspended %v session %s (was %s)", e.Suspended, e.SessionID, sid)
+	}
+	if n := f.lastNotice(lane); !strings.Contains(n, "interrupted repeatedly") {
+		t.Fatalf("last notice %q, want the dead-letter notice", n)
+	}
+	if n := w.Stats().DeadLetters.Load(); n != 1 {
+		t.Fatalf("dead letters %d, want 1", n)
+	}
+	dl, err := f.res.Events.GetLastMsgForSubject(t.Context(), f.names.DeadLetterSubject(lane))
+	if err != nil {
+		t.Fatalf("dead-letter message: %v", err)
+	}
+	if got := dl.Header.Get(broker.HdrInboxSeq); got != fmt.Sprint(sr) {
+		t.Fatalf("dead-lettered inbox seq %q, want the /retry's %d", got, sr)
+	}
+
+	_, sn := f.send("retrycut", "next")
+	if e := f.settled(lane, sn); e.SessionID == sid || e.Suspended || e.ParentSessionID != sid {
+		t.Fatalf("next message: session %s (old %s) parent %q suspended %v", e.SessionID, sid, e.ParentSessionID, e.Suspended)
 	}
 }

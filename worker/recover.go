@@ -132,6 +132,10 @@ func (l *lane) recoverTurn() bool {
 		return l.finish(st, t, status, nil, nil)
 	}
 	if t.Kind == session.KindCommand {
+		if len(msgs) > 0 && msgs[0].body.Command == "retry" {
+			// /retry runs the agent: its attempts count like a turn's.
+			return l.recoverRetry(st, t, msgs, src)
+		}
 		// Commands are idempotent: run them again, not counted.
 		return l.runCommandIntent(t, msgs)
 	}
@@ -221,6 +225,42 @@ func (l *lane) recoverTurn() bool {
 	w.event("resume", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "attempt": t.Attempt, "reason": reason})
 	l.turnEvent("start", t, "")
 	return l.execute(t, msgs, true)
+}
+
+// recoverRetry resumes an interrupted /retry. Its rewind is stored and is
+// not repeated, but its follow-up turn runs the agent on the rewound text,
+// which may be the very message that crashed its workers: its interrupted
+// attempts count, and at MaxInterruptedTurns the /retry is dead-lettered
+// and the lane suspended, as a message turn's would be.
+func (l *lane) recoverRetry(st *txState, t *session.TurnIntent, msgs []inboxMsg, src session.SessionSource) bool {
+	w := l.w
+	interrupted := l.entry.InterruptedTurns
+	if t.Attempt <= 1 || t.AgentStarted >= t.Attempt {
+		interrupted++
+	}
+	if interrupted >= MaxInterruptedTurns {
+		return l.deadLetter(st, t, msgs, src, interrupted)
+	}
+	t.Attempt++
+	t.Owner = w.owner
+	t.Epoch = l.lease.Epoch
+	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+		if e.Turn == nil || e.Turn.ID != t.ID {
+			return nil, errNoChange
+		}
+		e.Turn = t
+		e.InterruptedTurns = interrupted
+		return e, nil
+	}, true)
+	if err != nil {
+		if err == errNoChange {
+			return true
+		}
+		l.log.Warn("record recovery", "err", err)
+		return false
+	}
+	l.log.Info("resuming interrupted /retry", "turn", t.ID, "attempt", t.Attempt, "interrupted_turns", interrupted)
+	return l.runCommandIntent(t, msgs)
 }
 
 func keepNonResume(notes []string) []string {

@@ -55,6 +55,14 @@ func newFleet(t *testing.T) *fleet {
 // startWorker runs a worker on its own connection until the test ends.
 func (f *fleet) startWorker(id string, mod func(*worker.Config)) *worker.Worker {
 	f.t.Helper()
+	w, _ := f.startStoppable(id, mod)
+	return w
+}
+
+// startStoppable is startWorker with a stop function that cancels the
+// worker's context (a graceful stop: it drains) and waits for it to end.
+func (f *fleet) startStoppable(id string, mod func(*worker.Config)) (*worker.Worker, func()) {
+	f.t.Helper()
 	nc := f.srv.Connect(f.t)
 	js := natstest.JetStream(f.t, nc)
 	res, err := broker.Provision(f.t.Context(), js, broker.ProvisionConfig{Names: f.names, LeaseTTL: testTTL})
@@ -74,18 +82,22 @@ func (f *fleet) startWorker(id string, mod func(*worker.Config)) *worker.Worker 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	f.t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				f.t.Errorf("worker %s: %v", id, err)
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					f.t.Errorf("worker %s: %v", id, err)
+				}
+			case <-time.After(30 * time.Second):
+				f.t.Errorf("worker %s did not stop", id)
 			}
-		case <-time.After(30 * time.Second):
-			f.t.Errorf("worker %s did not stop", id)
-		}
-	})
-	return w
+		})
+	}
+	f.t.Cleanup(stop)
+	return w, stop
 }
 
 // post publishes a message as the HTTP ingress would.
