@@ -456,10 +456,18 @@ func TestQueueItemsRunFIFO(t *testing.T) {
 	f.startWorker("w1", noReset)
 	lane, s0 := f.send("fifo", "first\n!sleep 1500ms")
 	first := f.waitTurn(lane, s0)
-	f.send("fifo", "/queue a")
+	_, sa := f.send("fifo", "/queue a\n!sleep 500ms")
 	f.send("fifo", "/q b")
 	_, sc := f.send("fifo", "/queue c")
+	// While a runs, b and c wait: the entry says so.
+	f.waitTurn(lane, sa)
+	if d := f.entry(lane).QueueDepth; d != 2 {
+		t.Errorf("queue depth %d while a runs, want 2", d)
+	}
 	e := f.settled(lane, sc)
+	if e.QueueDepth != 0 {
+		t.Errorf("queue depth %d after the last item, want 0", e.QueueDepth)
+	}
 
 	got := texts(f.replies(lane), session.ReplyKindReply)
 	if want := []string{"echo: first", "echo: a", "echo: b", "echo: c"}; !slices.Equal(got, want) {
@@ -468,7 +476,7 @@ func TestQueueItemsRunFIFO(t *testing.T) {
 	entries := f.load(e.SessionID)
 	turns := userTurns(entries)
 	ids := map[string]bool{first.ID: true}
-	for _, q := range []string{"a", "b", "c"} {
+	for _, q := range []string{"a\n!sleep 500ms", "b", "c"} {
 		if ids[turns[q]] {
 			t.Errorf("queued %q shares turn %s: %v", q, turns[q], turns)
 		}

@@ -70,8 +70,8 @@ func TestNewDiscardsQueuedItems(t *testing.T) {
 	if e.WasAutoReset || e.AutoResetReason != "" {
 		t.Errorf("/new is not an automatic reset: was_auto_reset=%v reason=%q", e.WasAutoReset, e.AutoResetReason)
 	}
-	if e.DiscardedQueue != 0 {
-		t.Errorf("discarded_queue %d left after the /new notice reported it", e.DiscardedQueue)
+	if e.DiscardedQueue != 0 || e.QueueDepth != 0 {
+		t.Errorf("discarded_queue %d queue_depth %d left after the /new notice reported the discards", e.DiscardedQueue, e.QueueDepth)
 	}
 	rs := f.replies(lane)
 	if got := texts(rs, session.ReplyKindReply); !slices.Equal(got, []string{"echo: first"}) {
@@ -783,5 +783,31 @@ func TestRetryInterruptedRepeatedlyDeadLetters(t *testing.T) {
 	_, sn := f.send("retrycut", "next")
 	if e := f.settled(lane, sn); e.SessionID == sid || e.Suspended || e.ParentSessionID != sid {
 		t.Fatalf("next message: session %s (old %s) parent %q suspended %v", e.SessionID, sid, e.ParentSessionID, e.Suspended)
+	}
+}
+
+// The entry's queue depth follows the queue: counted while an item runs,
+// back to 0 once a /new discarded the rest.
+func TestQueueDepthAfterNew(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.startWorker("w1", noReset)
+	lane, sa := f.send("qdepth", "/queue a\n!sleep 1s")
+	f.send("qdepth", "/queue b")
+	f.send("qdepth", "/queue c")
+	f.waitTurn(lane, sa)
+	natstest.WaitFor(t, 10*time.Second, "queue depth 2 while a runs", func() error {
+		if d := f.entry(lane).QueueDepth; d != 2 {
+			return fmt.Errorf("queue depth %d", d)
+		}
+		return nil
+	})
+	_, sn := f.send("qdepth", "/new")
+	e := f.settled(lane, sn)
+	if e.QueueDepth != 0 {
+		t.Fatalf("queue depth %d after /new discarded b and c, want 0", e.QueueDepth)
+	}
+	if n := f.lastNotice(lane); !strings.Contains(n, "Discarded 2 queued message(s)") {
+		t.Fatalf("/new notice %q", n)
 	}
 }

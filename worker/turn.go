@@ -150,8 +150,11 @@ func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
 		StartedAt:         now,
 	}
 	intent.Notes, intent.Notices = l.decisionNotes(dec, policy)
+	// The entry's queue depth is refreshed whenever a queue is in play (a
+	// /queue turn, or items were waiting): a plain turn of a lane that never
+	// queued anything pays no inbox scan.
 	queueDepth := -1
-	if st.kind == session.KindQueue {
+	if st.kind == session.KindQueue || l.entry.QueueDepth > 0 {
 		queueDepth = l.queueDepth(intent.LastSeq)
 	}
 	if dec.Reset {
@@ -573,12 +576,21 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 // delivery at or below it.
 func (l *lane) commit(intent *session.TurnIntent, res *Result, apply func(*session.SessionEntry)) bool {
 	w := l.w
+	queueDepth := -1
+	if l.entry.QueueDepth > 0 {
+		// Items were waiting: this turn may have been one, or a /new may
+		// have discarded them.
+		queueDepth = l.queueDepth(l.turnLastSeq(intent))
+	}
 	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 		if e.LastTurnID == intent.ID || e.Turn == nil || e.Turn.ID != intent.ID {
 			return nil, errNoChange
 		}
 		if intent.LastSeq > e.CommittedSeq {
 			e.CommittedSeq = intent.LastSeq
+		}
+		if queueDepth >= 0 {
+			e.QueueDepth = queueDepth
 		}
 		e.LastTurnID = intent.ID
 		e.Turn = nil
@@ -860,6 +872,9 @@ func (l *lane) discard(m inboxMsg) bool {
 		}
 		e.CommittedSeq = m.seq
 		e.DiscardedQueue++
+		if e.QueueDepth > 0 {
+			e.QueueDepth--
+		}
 		return e, nil
 	}, true)
 	if err != nil && !errors.Is(err, errNoChange) {

@@ -106,6 +106,26 @@ func dial(c *cli.Context) (*client, context.Context, context.CancelFunc, error) 
 	return cl, ctx, func() { cancel(); nc.Close() }, nil
 }
 
+// inboxBacklog counts what waits in a lane's inbox after seq: the /queue
+// items and all messages (queue items, plain messages, commands).
+func inboxBacklog(ctx context.Context, cl *client, lane string, after uint64) (queued, pending int, err error) {
+	filter := cl.names.InboxLaneFilter(lane)
+	for seq := after + 1; ; {
+		raw, err := cl.res.Inbox.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return queued, pending, nil
+		}
+		if err != nil {
+			return queued, pending, err
+		}
+		pending++
+		if raw.Header.Get(broker.HdrKind) == session.KindQueue {
+			queued++
+		}
+		seq = raw.Sequence + 1
+	}
+}
+
 // openResources binds to an existing fleet without creating anything.
 func openResources(ctx context.Context, js jetstream.JetStream, n broker.Names) (*broker.Resources, error) {
 	res := &broker.Resources{JS: js}
@@ -128,6 +148,7 @@ func openResources(ctx context.Context, js jetstream.JetStream, n broker.Names) 
 	if res.Inbox, err = js.Stream(ctx, n.InboxStream()); err != nil {
 		return nil, fmt.Errorf("inbox stream: %w", err)
 	}
+	res.InboxID = res.Inbox.CachedInfo().Config.Metadata[broker.InboxIDMetadata]
 	return res, nil
 }
 
@@ -234,8 +255,27 @@ func sessionCommand() *cli.Command {
 					if herr != nil {
 						holder = ""
 					}
+					// The entry's queue_depth is as of its last turn: count
+					// what waits in the inbox now.
+					after := uint64(0)
+					if e.InboxID == cl.res.InboxID {
+						after = e.CommittedSeq
+					}
+					queued, pending, berr := inboxBacklog(ctx, cl, lane, after)
+					if berr != nil {
+						return fmt.Errorf("read the lane's inbox: %w", berr)
+					}
+					busy := e.BusyMode
+					if busy == "" {
+						cfg, err := loadConfig(c)
+						if err != nil {
+							return err
+						}
+						busy = cfg.Worker.BusyMode + " (default)"
+					}
 					if c.Bool("json") {
-						return printJSON(c.App.Writer, map[string]any{"lane": lane, "revision": rev, "lease_holder": holder, "entry": e})
+						return printJSON(c.App.Writer, map[string]any{"lane": lane, "revision": rev, "lease_holder": holder,
+							"queue_depth": queued, "pending": pending, "entry": e})
 					}
 					w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 					row := func(k string, v any) { fmt.Fprintf(w, "%s:\t%v\n", k, v) }
@@ -252,7 +292,9 @@ func sessionCommand() *cli.Command {
 					row("lease_epoch", e.LeaseEpoch)
 					row("committed_seq", e.CommittedSeq)
 					row("turn_in_flight", e.Turn != nil)
-					row("busy_mode", e.BusyMode)
+					row("busy_mode", busy)
+					row("queue_depth", queued)
+					row("pending_messages", pending)
 					row("suspended", e.Suspended)
 					row("resume_pending", fmt.Sprintf("%v %s", e.ResumePending, e.ResumeReason))
 					row("interrupted_turns", e.InterruptedTurns)

@@ -7,6 +7,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/test/natstest"
 )
 
 func runCtl(t *testing.T, args ...string) (string, error) {
@@ -58,5 +65,71 @@ func TestKeyRejectsBadInput(t *testing.T) {
 func TestTranscriptRejectsBadSessionID(t *testing.T) {
 	if _, err := runCtl(t, "transcript", "not-a-session"); err == nil || !strings.Contains(err.Error(), "SESSION_ID") {
 		t.Fatalf("bad session id: %v", err)
+	}
+}
+
+// TestSessionInfoCountsInboxBacklog: `session info` counts what waits in
+// the lane's inbox above committed_seq now (the entry's queue_depth is as
+// of its last turn), and names the default busy mode of a lane that chose
+// none.
+func TestSessionInfoCountsInboxBacklog(t *testing.T) {
+	srv := natstest.RunServer(t)
+	js := natstest.JetStream(t, srv.Connect(t))
+	names := broker.MustNames("fleet")
+	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: "c1", ChatType: session.ChatDM}
+	key := session.BuildSessionKey(src, session.DefaultKeyOptions())
+	lane := session.LaneToken(key)
+	publish := func(kind string) uint64 {
+		t.Helper()
+		m := nats.NewMsg(names.InboxSubject(session.Partition(names.Prefix(), lane), lane))
+		m.Header.Set(broker.HdrKind, kind)
+		m.Header.Set(broker.HdrSessionKey, key)
+		m.Data = []byte(`{}`)
+		ack, err := js.PublishMsg(t.Context(), m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence
+	}
+	done := publish(session.KindMessage) // committed below
+	publish(session.KindQueue)
+	publish(session.KindMessage)
+	publish(session.KindQueue)
+	publish(session.KindCommand)
+	store := kv.NewStore(res, nil)
+	if _, _, err := store.Mutate(t.Context(), lane, nil, 0, nil, func(*session.SessionEntry) (*session.SessionEntry, error) {
+		return &session.SessionEntry{SessionKey: key, SessionID: "20260101_000000_abcdef01", InboxID: res.InboxID, CommittedSeq: done}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Setenv("NATS_URL", srv.URL())
+	out, err := runCtl(t, "session", "info", "--json", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		QueueDepth int `json:"queue_depth"`
+		Pending    int `json:"pending"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if doc.QueueDepth != 2 || doc.Pending != 4 {
+		t.Fatalf("queue_depth %d pending %d, want 2 and 4", doc.QueueDepth, doc.Pending)
+	}
+	out, err = runCtl(t, "session", "info", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat := strings.Join(strings.Fields(out), " ")
+	for _, want := range []string{"queue_depth: 2 ", "pending_messages: 4 ", "busy_mode: interrupt (default) "} {
+		if !strings.Contains(flat, want) {
+			t.Errorf("text output lacks %q:\n%s", want, out)
+		}
 	}
 }
