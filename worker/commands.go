@@ -252,6 +252,14 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 		if intent.ResetReason == session.ReasonResume {
 			return "Resumed session " + intent.SessionID + ".", nil, nil
 		}
+		if args != "" && e.SessionID != "" && (args == e.SessionID || l.findTitle(args) == e.SessionID) {
+			// The current session: after a /stop or a dead letter it is
+			// suspended, and resuming it means carrying on in it.
+			if e.Suspended {
+				return "Resumed session " + e.SessionID + ".", func(e *session.SessionEntry) { e.Suspended = false }, nil
+			}
+			return "You are already in session " + e.SessionID + ".", nil, nil
+		}
 		return l.lineage(args), nil, nil
 	}
 	return "Unknown command.", nil, nil

@@ -811,3 +811,39 @@ func TestQueueDepthAfterNew(t *testing.T) {
 		t.Fatalf("/new notice %q", n)
 	}
 }
+
+// After /stop the current session is suspended; /resume of it (by id, or by
+// the title /new gave it) carries on in it instead of answering that it does
+// not exist, and the next message stays in it.
+func TestResumeSuspendedCurrentSession(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.startWorker("w1", noReset)
+	lane, s := f.send("rcur", "/new Project X")
+	sid := f.settled(lane, s).SessionID
+	_, s = f.send("rcur", "one")
+	f.settled(lane, s)
+	for _, arg := range []string{sid, "project x"} {
+		_, s = f.send("rcur", "/stop")
+		if e := f.settled(lane, s); !e.Suspended {
+			t.Fatalf("not suspended after /stop")
+		}
+		_, s = f.send("rcur", "/resume "+arg)
+		e := f.settled(lane, s)
+		if e.Suspended || e.SessionID != sid {
+			t.Fatalf("/resume %s: suspended %v session %s, want %s", arg, e.Suspended, e.SessionID, sid)
+		}
+		if n := f.lastNotice(lane); n != "Resumed session "+sid+"." {
+			t.Fatalf("/resume %s notice %q", arg, n)
+		}
+		_, s = f.send("rcur", "after "+arg)
+		if e := f.settled(lane, s); e.SessionID != sid {
+			t.Fatalf("the message after /resume %s went to session %s, want %s", arg, e.SessionID, sid)
+		}
+	}
+	_, s = f.send("rcur", "/resume "+sid)
+	f.settled(lane, s)
+	if n := f.lastNotice(lane); n != "You are already in session "+sid+"." {
+		t.Fatalf("/resume of the current, live session: notice %q", n)
+	}
+}
