@@ -847,3 +847,28 @@ func TestResumeSuspendedCurrentSession(t *testing.T) {
 		t.Fatalf("/resume of the current, live session: notice %q", n)
 	}
 }
+
+// A follow-up and a /stop sent together during a turn: the follow-up
+// interrupts the running turn, and the /stop, which arrived while that turn
+// wound down, stops the follow-up's turn as soon as it starts rather than
+// after it ran to its end.
+func TestStopWaitingWhenTurnStarts(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.startWorker("w1", noReset)
+	lane, s0 := f.send("stopwait", "first\n!sleep 5s")
+	f.waitTurn(lane, s0)
+	_, sm := f.send("stopwait", "second\n!sleep 5s")
+	_, ss := f.send("stopwait", "/stop")
+	e := f.settled(lane, ss)
+	if !e.Suspended {
+		t.Fatalf("not suspended after /stop")
+	}
+	if got := texts(f.replies(lane), session.ReplyKindReply); len(got) != 0 {
+		t.Fatalf("replies %q: the follow-up's turn ran to its end despite the /stop behind it", got)
+	}
+	turns := userTurns(f.load(e.SessionID))
+	if status, _ := transcript.TurnEnded(f.load(e.SessionID), turns["second\n!sleep 5s"]); status != worker.StatusStopped {
+		t.Fatalf("the follow-up's turn ended %q, want stopped (seq %d)", status, sm)
+	}
+}

@@ -417,6 +417,11 @@ func (l *lane) runAgent(agent Agent, st *txState, intent *session.TurnIntent, tu
 	var drainTimer <-chan time.Time
 	drainMarked := false
 	var stopCause error
+	// A /stop that arrived while the previous turn wound down (its signal
+	// spent there) would otherwise wait for this turn to end: look once now.
+	// Only for /stop: plain messages beyond a turn that hit its size cap
+	// must not interrupt it before it runs.
+	l.checkBusy(ctx, cancel, intent, "", &stopCause)
 	for {
 		select {
 		case o := <-done:
@@ -489,7 +494,8 @@ func (l *lane) runAgent(agent Agent, st *txState, intent *session.TurnIntent, tu
 // in interrupt mode a plain message that directly follows the turn's range
 // interrupts a turn of plain messages (it joins the next turn). A /queue item
 // or command in between means the next step is not a turn that message could
-// join, so nothing is interrupted; /queue turns are never interrupted.
+// join, so nothing is interrupted; /queue turns are never interrupted. With
+// mode "" it only looks for a /stop.
 func (l *lane) checkBusy(ctx context.Context, cancel context.CancelCauseFunc, intent *session.TurnIntent, mode string, stopCause *error) {
 	if *stopCause != nil {
 		return
