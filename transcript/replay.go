@@ -1,5 +1,7 @@
 package transcript
 
+import "strings"
+
 // These functions read a loaded transcript; they do no I/O and never modify
 // the slice they are given.
 
@@ -67,11 +69,14 @@ func TurnEnded(entries []Entry, turnID string) (status string, ok bool) {
 
 // RewindUserTurns builds the control entry that soft-deletes the last n user
 // turns, for /undo (n=1) and /retry: every non-deleted message entry from
-// the n-th last non-deleted user message to the end. Fewer user messages
-// than n rewinds them all. It returns the entry to append (nil when there is
-// nothing to rewind), how many user turns it rewinds, and the text of the
-// earliest rewound user message (what /retry sends again). entries must
-// carry their Seq, as Load returns them.
+// the first user message of the n-th last user turn to the end. A user turn
+// is the user messages of one turn (entries of the same TurnID: a burst of
+// messages, or steered ones, is one turn); entries without a TurnID are a
+// turn each. Fewer user turns than n rewinds them all. It returns the entry
+// to append (nil when there is nothing to rewind), how many user turns it
+// rewinds, and the text of the earliest rewound user turn, its messages
+// joined by newlines (what /retry sends again). entries must carry their
+// Seq, as Load returns them.
 func RewindUserTurns(entries []Entry, n int) (ctl *Entry, turns int, targetText string) {
 	if n <= 0 {
 		return nil, 0, ""
@@ -81,22 +86,38 @@ func RewindUserTurns(entries []Entry, n int) (ctl *Entry, turns int, targetText 
 		return e.Kind == KindMessage && !isDeleted(e, del)
 	}
 	start := -1
-	for i := len(entries) - 1; i >= 0 && turns < n; i-- {
-		if e := &entries[i]; live(e) && e.Role == RoleUser {
-			start = i
-			turns++
+	var cur string // the TurnID of the turn being counted
+	for i := len(entries) - 1; i >= 0; i-- {
+		e := &entries[i]
+		if !live(e) || e.Role != RoleUser {
+			continue
 		}
+		if turns == 0 || e.TurnID == "" || e.TurnID != cur {
+			if turns == n {
+				break
+			}
+			turns++
+			cur = e.TurnID
+		}
+		start = i
 	}
 	if start < 0 {
 		return nil, 0, ""
 	}
 	var seqs []uint64
+	var texts []string
+	first := entries[start].TurnID
 	for i := start; i < len(entries); i++ {
-		if e := &entries[i]; live(e) {
-			seqs = append(seqs, e.Seq)
+		e := &entries[i]
+		if !live(e) {
+			continue
+		}
+		seqs = append(seqs, e.Seq)
+		if e.Role == RoleUser && (i == start || first != "" && e.TurnID == first) {
+			texts = append(texts, e.Content)
 		}
 	}
-	return &Entry{Kind: KindRewind, Rewound: seqs}, turns, entries[start].Content
+	return &Entry{Kind: KindRewind, Rewound: seqs}, turns, strings.Join(texts, "\n")
 }
 
 // FenceEpoch returns the epoch of the last fence entry, or 0 if none.

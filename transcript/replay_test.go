@@ -61,6 +61,17 @@ func TestEffective(t *testing.T) {
 
 func TestRewindUserTurns(t *testing.T) {
 	t.Parallel()
+	in := func(e transcript.Entry, turn string) transcript.Entry { e.TurnID = turn; return e }
+	burst := []transcript.Entry{
+		in(m(1, "user", "u1"), "t1"), in(m(2, "assistant", "a1"), "t1"),
+		{Seq: 3, Kind: transcript.KindTurnEnd, TurnID: "t1", Status: "completed"},
+		in(m(4, "user", "b1"), "t2"), in(m(5, "user", "b2"), "t2"), in(m(6, "user", "b3"), "t2"),
+		in(m(7, "assistant", "call"), "t2"), in(m(8, "assistant", "a2"), "t2"),
+	}
+	steered := []transcript.Entry{
+		in(m(1, "user", "u1"), "t1"), in(m(2, "assistant", "a1"), "t1"),
+		in(m(3, "user", "s1"), "t2"), in(m(4, "tool", "result"), "t2"), in(m(5, "user", "s2"), "t2"), in(m(6, "assistant", "a2"), "t2"),
+	}
 	conv := []transcript.Entry{
 		m(1, "system", "sys"),
 		m(2, "user", "u1"), m(3, "assistant", "a1"),
@@ -86,6 +97,9 @@ func TestRewindUserTurns(t *testing.T) {
 		{"empty", nil, 1, nil, 0, ""},
 		{"skips rewound turns", append(append([]transcript.Entry(nil), conv...), rewind(12, 10, 11)), 1, []uint64{5, 6, 7, 8}, 1, "u2"},
 		{"user message at the end only", []transcript.Entry{m(1, "assistant", "a"), m(2, "user", "u")}, 1, []uint64{2}, 1, "u"},
+		{"a burst is one turn", burst, 1, []uint64{4, 5, 6, 7, 8}, 1, "b1\nb2\nb3"},
+		{"two turns, one a burst", burst, 2, []uint64{1, 2, 4, 5, 6, 7, 8}, 2, "u1"},
+		{"steered message joins its turn", steered, 1, []uint64{3, 4, 5, 6}, 1, "s1\ns2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctl, turns, text := transcript.RewindUserTurns(tc.entries, tc.n)

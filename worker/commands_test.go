@@ -872,3 +872,32 @@ func TestStopWaitingWhenTurnStarts(t *testing.T) {
 		t.Fatalf("the follow-up's turn ended %q, want stopped (seq %d)", status, sm)
 	}
 }
+
+// /retry and /undo work on turns, not single messages: a burst answered in
+// one turn is retried whole, and undone whole.
+func TestRetryAndUndoWholeTurn(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	lane, _ := f.send("burst", "a")
+	_, sb := f.send("burst", "b") // before any worker: one turn takes both
+	f.startWorker("w1", noReset)
+	f.settled(lane, sb)
+	_, s := f.send("burst", "/retry")
+	e := f.settled(lane, s)
+	if got, want := texts(f.replies(lane), session.ReplyKindReply), []string{"echo: a\nb", "echo: a\nb"}; !slices.Equal(got, want) {
+		t.Fatalf("replies %q, want %q", got, want)
+	}
+	if u := contents(f.effective(e.SessionID), transcript.RoleUser); !slices.Equal(u, []string{"a\nb"}) {
+		t.Fatalf("effective users after /retry %q", u)
+	}
+	_, s = f.send("burst", "c")
+	f.settled(lane, s)
+	_, s = f.send("burst", "/undo 2")
+	e = f.settled(lane, s)
+	if n := f.lastNotice(lane); n != "↩️ Undid 2 turn(s)." {
+		t.Fatalf("/undo notice %q", n)
+	}
+	if eff := f.effective(e.SessionID); len(contents(eff, transcript.RoleUser)) != 0 || len(contents(eff, transcript.RoleAssistant)) != 0 {
+		t.Fatalf("after /undo 2: users %q assistants %q", contents(eff, transcript.RoleUser), contents(eff, transcript.RoleAssistant))
+	}
+}
