@@ -901,3 +901,23 @@ func TestRetryAndUndoWholeTurn(t *testing.T) {
 		t.Fatalf("after /undo 2: users %q assistants %q", contents(eff, transcript.RoleUser), contents(eff, transcript.RoleAssistant))
 	}
 }
+
+// A /status between queued items and a /new changes nothing: the items are
+// still discarded by the /new.
+func TestNewDiscardsQueuedItemsAcrossStatus(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.startWorker("w1", noReset)
+	lane, s0 := f.send("newst", "first\n!sleep 1500ms")
+	f.waitTurn(lane, s0)
+	f.send("newst", "/queue a")
+	f.send("newst", "/status")
+	_, sn := f.send("newst", "/new")
+	f.settled(lane, sn)
+	if got := texts(f.replies(lane), session.ReplyKindReply); !slices.Equal(got, []string{"echo: first"}) {
+		t.Fatalf("replies %q: the queued item ran despite the /new after it", got)
+	}
+	if n := f.lastNotice(lane); !strings.Contains(n, "Discarded 1 queued message(s)") {
+		t.Fatalf("/new notice %q", n)
+	}
+}

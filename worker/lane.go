@@ -910,7 +910,8 @@ const kindDiscard = "discard"
 
 // resetAhead reports whether a /new or /reset waits in the inbox after seq
 // with only /queue items between: those queued items are discarded, as the
-// seed's /new clears the queue.
+// seed's /new clears the queue. The fleet's own wake-ups and /status, which
+// change nothing, do not count as between.
 func (l *lane) resetAhead(ctx context.Context, seq uint64) bool {
 	next := seq + 1
 	for i := 0; i < 256; i++ {
@@ -921,12 +922,20 @@ func (l *lane) resetAhead(ctx context.Context, seq uint64) bool {
 		switch {
 		case m.kind == session.KindCommand && (m.body.Command == "new" || m.body.Command == "reset"):
 			return true
+		case transparent(m):
 		case m.kind != session.KindQueue:
 			return false
 		}
 		next = m.seq + 1
 	}
 	return false
+}
+
+// transparent reports whether m changes nothing a busy check or a queue
+// discard looks at: the fleet's own wake-ups (a handover or a sweep may put
+// them anywhere) and /status.
+func transparent(m *inboxMsg) bool {
+	return m.kind == session.KindInternal || m.kind == session.KindCommand && m.body.Command == "status"
 }
 
 // heldRetryDelay is how long to hand a delivery back for when its lane's

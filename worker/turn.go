@@ -521,6 +521,9 @@ func (l *lane) checkBusy(ctx context.Context, cancel context.CancelCauseFunc, in
 			*stopCause = ErrTurnInterrupted
 			cancel(ErrTurnInterrupted)
 			return
+		case m.kind == session.KindInternal:
+			// A wake-up of the fleet's own (a handover may leave one
+			// anywhere) does not change what the user sent.
 		case m.kind != session.KindMessage:
 			joinable = false
 		}
