@@ -3,6 +3,7 @@ package session
 import (
 	"strings"
 	"time"
+	"unicode"
 )
 
 // Inbound is the body of an inbox message: one accepted user message or
@@ -71,7 +72,12 @@ func Classify(text string) (kind, command, args string) {
 	if !strings.HasPrefix(t, "/") {
 		return KindMessage, "", ""
 	}
-	word, rest, _ := strings.Cut(t[1:], " ")
+	// The command word ends at the first white space of any kind: "/q" on
+	// a line of its own, with the text on the next, is a /queue item.
+	word, rest := t[1:], ""
+	if i := strings.IndexFunc(word, unicode.IsSpace); i >= 0 {
+		word, rest = word[:i], word[i:]
+	}
 	word, _, _ = strings.Cut(word, "@") // Telegram's /cmd@botname
 	name, ok := commands[strings.ToLower(word)]
 	if !ok {
