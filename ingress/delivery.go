@@ -191,11 +191,7 @@ func (d *Delivery) run(ctx context.Context, it jetstream.MessagesContext) {
 func (d *Delivery) handle(ctx context.Context, msg jetstream.Msg) {
 	lane, rep, err := d.decode(msg)
 	if err != nil {
-		// Retrying cannot fix it, and with MaxAckPending 1 it would hold up
-		// every later reply. The message stays in the outbox for inspection.
-		d.log.LogAttrs(ctx, slog.LevelError, "undeliverable reply terminated",
-			slog.String("subject", msg.Subject()), slog.Any("error", err))
-		_ = msg.TermWithReason(err.Error())
+		d.undeliverable(ctx, msg, lane, "", err)
 		return
 	}
 	log := d.log.With(slog.String("session_key", rep.SessionKey), slog.String("reply_id", rep.ID),
@@ -212,6 +208,10 @@ func (d *Delivery) handle(ctx context.Context, msg jetstream.Msg) {
 			_ = msg.Nak()
 			return
 		}
+		if permanent(err) {
+			d.undeliverable(ctx, msg, lane, rep.ID, err)
+			return
+		}
 		log.LogAttrs(ctx, slog.LevelWarn, "reply delivery failed; retrying",
 			slog.Int("attempt", attempt), slog.Duration("retry_in", backoff), slog.Any("error", err))
 		_ = msg.InProgress()
@@ -226,6 +226,38 @@ func (d *Delivery) handle(ctx context.Context, msg jetstream.Msg) {
 	if err := msg.DoubleAck(actx); err != nil {
 		// The redelivery finds the reply in the delivered bucket and acks it.
 		log.LogAttrs(ctx, slog.LevelWarn, "reply ack failed", slog.Any("error", err))
+	}
+}
+
+// permanent reports whether a delivery error cannot go away by retrying:
+// the mailbox copy is larger than the server takes.
+func permanent(err error) bool {
+	var ae *jetstream.APIError
+	return errors.Is(err, nats.ErrMaxPayload) ||
+		errors.As(err, &ae) && ae.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum
+}
+
+// undeliverable gives up on a reply that retrying cannot deliver: with
+// MaxAckPending 1, retrying it would hold up every later reply of the
+// platform. It is terminated (it stays in the outbox for inspection),
+// logged, and reported on the events stream (<prefix>.ev.undeliverable.<lane>)
+// where operators and alerts watch.
+func (d *Delivery) undeliverable(ctx context.Context, msg jetstream.Msg, lane, replyID string, cause error) {
+	var seq uint64
+	if md, err := msg.Metadata(); err == nil {
+		seq = md.Sequence.Stream
+	}
+	d.log.LogAttrs(ctx, slog.LevelError, "undeliverable reply terminated",
+		slog.String("subject", msg.Subject()), slog.String("reply_id", replyID),
+		slog.Uint64("outbox_seq", seq), slog.Any("error", cause))
+	_ = msg.TermWithReason(cause.Error())
+	if lane == "" {
+		lane = "_"
+	}
+	ev, _ := json.Marshal(map[string]any{"platform": d.platform, "subject": msg.Subject(), "reply_id": replyID,
+		"outbox_seq": seq, "error": cause.Error(), "at": time.Now().UTC()})
+	if err := d.js.Conn().Publish(d.names.EventSubject("undeliverable", lane), ev); err != nil {
+		d.log.LogAttrs(ctx, slog.LevelWarn, "undeliverable event not published", slog.Any("error", err))
 	}
 }
 

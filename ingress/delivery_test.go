@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -251,4 +252,54 @@ func TestDeliveryTerminatesPoison(t *testing.T) {
 	b.publishReply(t, r, r.ID)
 	b.waitDelivered(t)
 	wantTexts(t, b.mailbox(t, testKey), "after the poison")
+}
+
+// TestDeliveryGivesUpOnOversizeReply: a reply whose mailbox copy (with its
+// extra headers) is larger than the server takes can never be delivered;
+// it is terminated and reported on the events stream instead of holding up
+// every later reply of the platform, and the poison and decode failures
+// are reported the same way.
+func TestDeliveryGivesUpOnOversizeReply(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{delivery: true})
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	lane := session.LaneToken(testKey)
+	events, err := b.nc.SubscribeSync(b.names.EventSubject("undeliverable", ">"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fill the reply up to just under the limit for the outbox publish.
+	big := testReply(1, "")
+	base, _ := json.Marshal(big)
+	msgID := big.ID
+	overhead := len(base) + len("NATS/1.0\r\n\r\n") + len("Nats-Msg-Id: \r\n") + len(msgID) + 64
+	big.Text = strings.Repeat("x", int(b.nc.MaxPayload())-overhead)
+	b.publishReply(t, big, msgID)
+	if _, err := b.js.Publish(ctx, b.names.OutboxSubject("http", lane), []byte(`not json`)); err != nil {
+		t.Fatal(err)
+	}
+	r := testReply(2, "after the oversize reply")
+	b.publishReply(t, r, r.ID)
+	b.waitDelivered(t)
+	wantTexts(t, b.mailbox(t, testKey), "after the oversize reply")
+
+	var got []map[string]any
+	for len(got) < 2 {
+		m, err := events.NextMsg(waitTimeout)
+		if err != nil {
+			t.Fatalf("undeliverable events: %v (have %v)", err, got)
+		}
+		var ev map[string]any
+		if err := json.Unmarshal(m.Data, &ev); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ev)
+	}
+	if got[0]["reply_id"] != big.ID || !strings.Contains(fmt.Sprint(got[0]["error"]), "payload") {
+		t.Fatalf("first event %v, want the oversize reply %s", got[0], big.ID)
+	}
+	if got[1]["reply_id"] != "" || got[1]["subject"] != b.names.OutboxSubject("http", lane) {
+		t.Fatalf("second event %v, want the undecodable one", got[1])
+	}
 }
