@@ -49,6 +49,10 @@ type Turn struct {
 	ContextPrompt string
 	// Notes are system notes for this turn only (restart resume, auto-reset).
 	Notes []string
+	// FreshReset marks the first turn after an explicit /new or /reset (the
+	// entry's is_fresh_reset): the moment to inject topic or channel context
+	// again. Commands in between (a /status) do not consume it.
+	FreshReset bool
 	// History is the effective transcript of the session, ending with this
 	// turn's user messages (on a resumed turn it also holds what the
 	// interrupted attempt produced).

@@ -921,3 +921,30 @@ func TestNewDiscardsQueuedItemsAcrossStatus(t *testing.T) {
 		t.Fatalf("/new notice %q", n)
 	}
 }
+
+// The first turn after /new is told it starts a fresh session (to inject
+// topic or channel context again), even with a /status in between; the
+// turn after it is not.
+func TestFreshResetReachesFirstTurn(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	rec := newRecorder()
+	f.startWorker("w1", mods(noReset, func(c *worker.Config) { c.Backend = rec.backend() }))
+	lane, s := f.send("fresh", "before")
+	f.settled(lane, s)
+	f.send("fresh", "/new")
+	f.send("fresh", "/status")
+	_, s = f.send("fresh", "m1")
+	f.settled(lane, s)
+	_, s = f.send("fresh", "m2")
+	f.settled(lane, s)
+	for text, want := range map[string]bool{"before": false, "m1": true, "m2": false} {
+		turn, ok := rec.turnWith(text)
+		if !ok {
+			t.Fatalf("no turn with %q", text)
+		}
+		if turn.FreshReset != want {
+			t.Errorf("turn with %q: FreshReset %v, want %v", text, turn.FreshReset, want)
+		}
+	}
+}

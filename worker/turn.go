@@ -278,6 +278,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		Source:        src,
 		ContextPrompt: session.BuildContextPrompt(src, l.entry, w.cfg.Context),
 		Notes:         notes,
+		FreshReset:    l.entry.IsFreshReset,
 		History:       st.history(),
 		Messages:      users,
 	}
@@ -607,7 +608,10 @@ func (l *lane) commit(intent *session.TurnIntent, res *Result, apply func(*sessi
 		e.InterruptedTurns = 0
 		e.WasAutoReset = false
 		e.AutoResetReason = ""
-		e.IsFreshReset = false
+		if intent.Kind != session.KindCommand {
+			// Consumed by the first turn that ran the agent.
+			e.IsFreshReset = false
+		}
 		e.ResetHadActivity = false
 		if res != nil {
 			e.InputTokens += res.InputTokens
