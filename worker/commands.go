@@ -63,7 +63,7 @@ func (l *lane) runCommand(m inboxMsg) bool {
 		}
 		rec := indexRecord(l.lane, l.entry.SessionKey, now, intent.PreviousSessionID)
 		if cmd == "new" {
-			rec.Title = strings.TrimSpace(m.body.Args)
+			rec.Title = l.nextTitle(strings.TrimSpace(m.body.Args))
 		}
 		if err := w.store.Index(context.WithoutCancel(l.ctx), intent.SessionID, rec); err != nil {
 			return false
@@ -155,7 +155,11 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 		return "⏹ Stopped. Your next message starts a fresh session.", func(e *session.SessionEntry) { e.Suspended = true }, nil
 	case "new", "reset":
 		text := "✨ Started a new session (" + intent.SessionID + ")."
-		if title := strings.TrimSpace(m.body.Args); m.body.Command == "new" && title != "" {
+		if m.body.Command == "new" && args != "" {
+			title := args
+			if rec, err := l.w.store.LookupIndex(context.WithoutCancel(l.ctx), intent.SessionID); err == nil && rec.Title != "" {
+				title = rec.Title // numbered in its lineage
+			}
 			text = fmt.Sprintf("✨ Started a new session %q (%s).", title, intent.SessionID)
 		}
 		if n := e.DiscardedQueue; n > 0 {
@@ -346,14 +350,58 @@ func (l *lane) copyFork(st *txState, intent *session.TurnIntent) error {
 }
 
 // findTitle resolves a session title to the newest session of this lane
-// that carries it (the current one, then the recent ones, newest first); it
-// returns the title itself when none does.
+// in its lineage: "Project" finds the newest of "Project", "Project #2",
+// "Project #3"...; "Project #2" finds that one. The current session comes
+// first, then the recent ones, newest first. It returns the title itself
+// when none matches.
 func (l *lane) findTitle(title string) string {
+	base, n := titleBase(title)
+	exact := strings.HasSuffix(strings.TrimSpace(title), "#"+strconv.Itoa(n))
 	for _, sid := range append([]string{l.entry.SessionID}, l.entry.RecentSessions...) {
 		rec, err := l.w.store.LookupIndex(context.WithoutCancel(l.ctx), sid)
-		if err == nil && rec.Lane == l.lane && strings.EqualFold(rec.Title, title) {
+		if err != nil || rec.Lane != l.lane || rec.Title == "" {
+			continue
+		}
+		b, m := titleBase(rec.Title)
+		if strings.EqualFold(b, base) && (!exact || m == n) {
 			return sid
 		}
 	}
 	return title
+}
+
+// nextTitle is the title a /new gets: the one asked for, or when this
+// lane's sessions already carry it, the next number in its lineage
+// ("Project #2", "Project #3"...).
+func (l *lane) nextTitle(title string) string {
+	if title == "" {
+		return ""
+	}
+	base, _ := titleBase(title)
+	highest := 0
+	for _, sid := range append([]string{l.entry.SessionID}, l.entry.RecentSessions...) {
+		rec, err := l.w.store.LookupIndex(context.WithoutCancel(l.ctx), sid)
+		if err != nil || rec.Lane != l.lane || rec.Title == "" {
+			continue
+		}
+		if b, m := titleBase(rec.Title); strings.EqualFold(b, base) {
+			highest = max(highest, m)
+		}
+	}
+	if highest == 0 {
+		return title
+	}
+	return fmt.Sprintf("%s #%d", base, highest+1)
+}
+
+// titleBase splits a title into its lineage name and number: "Project #3"
+// is ("Project", 3), "Project" and "Project #1" are ("Project", 1).
+func titleBase(title string) (string, int) {
+	t := strings.TrimSpace(title)
+	if i := strings.LastIndex(t, " #"); i > 0 {
+		if n, err := strconv.Atoi(t[i+2:]); err == nil && n >= 1 {
+			return strings.TrimSpace(t[:i]), n
+		}
+	}
+	return t, 1
 }

@@ -948,3 +948,31 @@ func TestFreshResetReachesFirstTurn(t *testing.T) {
 		}
 	}
 }
+
+// Titles form a lineage: a second /new with a title already used is
+// numbered ("Project #2"), and /resume by the title goes to the newest of
+// its lineage.
+func TestTitleLineage(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.startWorker("w1", noReset)
+	lane, s := f.send("lineage", "/new Project")
+	p1 := f.settled(lane, s).SessionID
+	_, s = f.send("lineage", "/new Project")
+	p2 := f.settled(lane, s).SessionID
+	if n := f.lastNotice(lane); n != fmt.Sprintf("✨ Started a new session %q (%s).", "Project #2", p2) {
+		t.Fatalf("second /new Project notice %q", n)
+	}
+	_, s = f.send("lineage", "/new Other")
+	f.settled(lane, s)
+	_, s = f.send("lineage", "/resume project")
+	if e := f.settled(lane, s); e.SessionID != p2 {
+		t.Fatalf("/resume project went to %s, want the newest of the lineage %s (first %s)", e.SessionID, p2, p1)
+	}
+	_, s = f.send("lineage", "/resume Other")
+	f.settled(lane, s)
+	_, s = f.send("lineage", "/resume Project #1")
+	if e := f.settled(lane, s); e.SessionID != p1 {
+		t.Fatalf("/resume Project #1 went to %s, want the first of the lineage %s", e.SessionID, p1)
+	}
+}
