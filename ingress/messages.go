@@ -219,7 +219,7 @@ func (s *Server) accept(r *http.Request, m *inboxMessage) (*acceptResponse, *api
 			return nil, unavailable("cannot check the message id for duplicates; retry", err)
 		}
 		if found {
-			return &acceptResponse{SessionKey: key, Seq: seq, Duplicate: true}, nil
+			return &acceptResponse{SessionKey: s.keyAt(r, seq, key), Seq: seq, Duplicate: true}, nil
 		}
 		corrupt = bad
 	}
@@ -240,6 +240,9 @@ func (s *Server) accept(r *http.Request, m *inboxMessage) (*acceptResponse, *api
 		return nil, unavailable("the message could not be stored; retry", fmt.Errorf("publish to %s: %w", m.subject, err))
 	}
 	resp := &acceptResponse{SessionKey: key, Seq: ack.Sequence, Duplicate: ack.Duplicate}
+	if ack.Duplicate {
+		resp.SessionKey = s.keyAt(r, ack.Sequence, key)
+	}
 	if pmid == "" {
 		return resp, nil
 	}
@@ -262,8 +265,26 @@ func (s *Server) accept(r *http.Request, m *inboxMessage) (*acceptResponse, *api
 		// The id was incorporated earlier under another seq (beyond the
 		// stream window); the worker treats this copy as a duplicate.
 		resp.Seq, resp.Duplicate = owner, true
+		resp.SessionKey = s.keyAt(r, owner, key)
 	}
 	return resp, nil
+}
+
+// keyAt is the session key of the inbox message at seq, for a duplicate's
+// answer: a retry that reused a message id with another thread or user
+// derives another key, but the message that holds the id went to the first
+// one, and that is where its replies are. fallback when it cannot be read.
+func (s *Server) keyAt(r *http.Request, seq uint64, fallback string) string {
+	ctx, cancel := s.opContext(r)
+	defer cancel()
+	raw, err := s.res.Inbox.GetMsg(ctx, seq)
+	if err != nil {
+		return fallback
+	}
+	if k := raw.Header.Get(broker.HdrSessionKey); k != "" {
+		return k
+	}
+	return fallback
 }
 
 // inboxMsg encodes m as the inbox message. A message the server would not

@@ -295,6 +295,13 @@ func TestPostMessageDuplicate(t *testing.T) {
 	if n := b.inboxCount(t); n != 2 {
 		t.Fatalf("inbox holds %d messages, want 2", n)
 	}
+	// A retry that reuses the id with another thread derives another key,
+	// but is the same message: the answer names the lane that holds it.
+	fourth := b.post(t, `{"chat_id":"c1","thread_id":"t9","message_id":"m1","text":"hi"}`)
+	wantStatus(t, fourth, http.StatusAccepted)
+	if fourth.body["duplicate"] != true || fourth.body["session_key"] != first.body["session_key"] {
+		t.Fatalf("retry with another thread: %s, want the first message's lane %v", fourth.raw, first.body["session_key"])
+	}
 }
 
 // A retry days later, beyond the stream's de-duplication window, is caught
