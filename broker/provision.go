@@ -84,6 +84,9 @@ type Resources struct {
 	Delivered   jetstream.KeyValue
 	Workers     jetstream.KeyValue
 	Consumer    jetstream.Consumer
+	// Warnings are settings provisioning kept from the existing assets
+	// rather than the ones asked for (see Provision); callers log them.
+	Warnings []string
 }
 
 // Provision creates or updates every stream, bucket and the workers consumer
@@ -96,6 +99,19 @@ func Provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) 
 	}
 	r := &Resources{JS: js}
 	var err error
+	// Every process provisions at start with its own configuration. One
+	// started with a smaller replica count must not quietly turn a
+	// replicated fleet into single copies: existing assets keep the larger
+	// count (scaling down is an operator's deliberate act, with the nats
+	// CLI).
+	replicas := func(stream string) int {
+		have := existingReplicas(ctx, js, stream)
+		if have > c.Replicas {
+			r.Warnings = append(r.Warnings, fmt.Sprintf("%s has %d replicas and the configuration asks for %d: kept %d (scale down with the nats CLI if that is meant)", stream, have, c.Replicas, have))
+			return have
+		}
+		return c.Replicas
+	}
 
 	inboxCfg := jetstream.StreamConfig{
 		Name:        n.InboxStream(),
@@ -103,7 +119,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) 
 		Subjects:    []string{n.InboxWildcard()},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
-		Replicas:    c.Replicas,
+		Replicas:    replicas(n.InboxStream()),
 		Duplicates:  c.Duplicates,
 		AllowDirect: true,
 		// Hints for lane owners, sent only once a message is stored (a core
@@ -122,7 +138,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) 
 		Subjects:    []string{n.TranscriptWildcard()},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
-		Replicas:    c.Replicas,
+		Replicas:    replicas(n.TranscriptStream()),
 		Duplicates:  2 * time.Minute,
 		AllowDirect: true,
 	}); err != nil {
@@ -134,7 +150,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) 
 		Subjects:    []string{n.OutboxWildcard(), n.BoxWildcard()},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
-		Replicas:    c.Replicas,
+		Replicas:    replicas(n.OutboxStream()),
 		Duplicates:  c.Duplicates,
 		AllowDirect: true,
 	}); err != nil {
@@ -146,7 +162,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) 
 		Subjects:    []string{n.EventWildcard(), n.DeadLetterWildcard()},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
-		Replicas:    c.Replicas,
+		Replicas:    replicas(n.EventStream()),
 		MaxAge:      c.EventMaxAge,
 		Duplicates:  2 * time.Minute,
 		AllowDirect: true,
@@ -167,7 +183,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) 
 	}
 	for _, k := range kvs {
 		k.cfg.Storage = jetstream.FileStorage
-		k.cfg.Replicas = c.Replicas
+		k.cfg.Replicas = replicas("KV_" + k.cfg.Bucket)
 		kv, err := js.CreateOrUpdateKeyValue(ctx, k.cfg)
 		if err != nil {
 			return nil, fmt.Errorf("provision bucket %s: %w", k.cfg.Bucket, err)
@@ -175,7 +191,18 @@ func Provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) 
 		*k.dst = kv
 	}
 
-	want := WorkersConsumerConfig(n, c.LeaseTTL, c.MaxAckPending, c.Replicas)
+	want := WorkersConsumerConfig(n, c.LeaseTTL, c.MaxAckPending, r.Inbox.CachedInfo().Config.Replicas)
+	// Likewise a process with a shorter lease TTL or a smaller pending
+	// limit must not lower what running workers rely on.
+	if old, err := r.Inbox.Consumer(ctx, want.Durable); err == nil {
+		if have := old.CachedInfo().Config; have.AckWait > want.AckWait || have.MaxAckPending > want.MaxAckPending {
+			if have.AckWait > want.AckWait {
+				r.Warnings = append(r.Warnings, fmt.Sprintf("consumer %s has ack wait %s, longer than this process's %s (lease ttl %s): kept %s", want.Durable, have.AckWait, want.AckWait, c.LeaseTTL, have.AckWait))
+				want.AckWait = have.AckWait
+			}
+			want.MaxAckPending = max(want.MaxAckPending, have.MaxAckPending)
+		}
+	}
 	cons, err := r.Inbox.CreateOrUpdateConsumer(ctx, want)
 	if err != nil {
 		return nil, fmt.Errorf("provision consumer %s: %w", want.Durable, err)
@@ -229,6 +256,17 @@ func AssertWorkersConsumer(ctx context.Context, cons jetstream.Consumer, leaseTT
 		return fmt.Errorf("workers consumer %s: %w", cfg.Durable, errors.Join(errs...))
 	}
 	return nil
+}
+
+// existingReplicas is the replica count of an existing stream, 0 when it
+// does not exist (or cannot be read: the create or update that follows
+// reports the trouble).
+func existingReplicas(ctx context.Context, js jetstream.JetStream, stream string) int {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0
+	}
+	return s.CachedInfo().Config.Replicas
 }
 
 func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {

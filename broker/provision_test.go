@@ -2,6 +2,7 @@ package broker_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -137,6 +138,68 @@ func TestProvisionR3OnCluster(t *testing.T) {
 	}
 	if si := st.(*jetstream.KeyValueBucketStatus).StreamInfo(); si.Config.Replicas != 3 {
 		t.Fatalf("sessions bucket replicas %d", si.Config.Replicas)
+	}
+
+	// A process started with the default (1 replica) must not turn the
+	// fleet's assets into single copies: they keep 3, with a warning.
+	var again *broker.Resources
+	natstest.WaitFor(t, 2*time.Minute, "provisioning again with replicas 1", func() error {
+		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		var err error
+		again, err = broker.Provision(pctx, js, broker.ProvisionConfig{})
+		return err
+	})
+	if len(again.Warnings) == 0 {
+		t.Fatal("no warning for a configuration asking fewer replicas than the fleet has")
+	}
+	for _, name := range []string{"FLEET_IN", "FLEET_TX", "FLEET_OUT", "FLEET_EV", "KV_fleet_sessions", "KV_fleet_leases", "KV_fleet_msgids"} {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.CachedInfo().Config.Replicas; got != 3 {
+			t.Errorf("%s has %d replicas after a provisioning asking 1, want 3 kept", name, got)
+		}
+	}
+	cons, err := again.Inbox.Consumer(ctx, "workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cons.CachedInfo().Config.Replicas; got != 3 {
+		t.Errorf("workers consumer has %d replicas, want 3", got)
+	}
+}
+
+// TestProvisionKeepsLongerAckWait: a process with a shorter lease TTL does
+// not lower the ack wait the running workers rely on.
+func TestProvisionKeepsLongerAckWait(t *testing.T) {
+	srv := natstest.RunServer(t)
+	js := natstest.JetStream(t, srv.Connect(t))
+	if _, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{LeaseTTL: 15 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{LeaseTTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := res.Consumer.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := broker.WorkersAckWait(15 * time.Second); info.Config.AckWait != want {
+		t.Fatalf("ack wait %s, want %s kept", info.Config.AckWait, want)
+	}
+	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "ack wait") {
+		t.Fatalf("warnings %q", res.Warnings)
+	}
+	// A longer TTL raises it.
+	res, err = broker.Provision(t.Context(), js, broker.ProvisionConfig{LeaseTTL: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err = res.Consumer.Info(t.Context()); err != nil || info.Config.AckWait != broker.WorkersAckWait(20*time.Second) {
+		t.Fatalf("ack wait %v (%v), want it raised", info.Config.AckWait, err)
 	}
 }
 

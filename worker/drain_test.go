@@ -145,3 +145,67 @@ func (f *fleet) waitEntry(lane string) *session.SessionEntry {
 	})
 	return e
 }
+
+// TestEndedCommandEffectSurvivesCrash: a worker died after appending the
+// end of a /stop (or of a dead letter) to the transcript but before the
+// commit, which is where the effect on the entry is applied. The next owner
+// finds the turn ended, republishes its notice, and commits it with its
+// effect: the lane is suspended, as the user was told.
+func TestEndedCommandEffectSurvivesCrash(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, text, kind, status string
+	}{
+		{"stop", "/stop", session.KindCommand, worker.StatusCommand},
+		{"dead letter", "poison", session.KindMessage, worker.StatusDeadLetter},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFleet(t)
+			chat := "ended-" + strings.ReplaceAll(tc.name, " ", "-")
+			_, stop := f.startStoppable("w1", noReset)
+			lane, s := f.send(chat, "hello")
+			sid := f.settled(lane, s).SessionID
+			stop()
+
+			// The state a crash between the turn_end append and the commit
+			// leaves: the intent in the entry, the notice and the end in
+			// the transcript, no lease.
+			_, seq := f.send(chat, tc.text)
+			turnID := "crashed" + tc.status
+			ctx := t.Context()
+			e, rev, err := f.store.Get(ctx, lane)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := f.store.Mutate(ctx, lane, e, rev, nil, func(e *session.SessionEntry) (*session.SessionEntry, error) {
+				e.Turn = &session.TurnIntent{ID: turnID, FirstSeq: seq, LastSeq: seq, Kind: tc.kind, Attempt: 1,
+					SessionID: sid, Owner: e.Owner, Epoch: e.LeaseEpoch, StartedAt: time.Now()}
+				return e, nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			last, _, err := f.tx.LastSeq(ctx, sid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, en := range []transcript.Entry{
+				{ID: turnID + ":notice:0", Kind: transcript.KindNotice, Role: "system", Content: "notice of " + tc.name, TurnID: turnID},
+				{ID: turnID + ":end", Kind: transcript.KindTurnEnd, TurnID: turnID, Status: tc.status},
+			} {
+				if last, err = f.tx.Append(ctx, sid, last, &en); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			f.startWorker("w2", noReset)
+			e = f.settled(lane, seq)
+			if !e.Suspended || e.SessionID != sid {
+				t.Fatalf("after recovering the ended %s: suspended %v session %s (was %s)", tc.name, e.Suspended, e.SessionID, sid)
+			}
+			if n := f.lastNotice(lane); n != "notice of "+tc.name {
+				t.Fatalf("last notice %q, want the ended turn's notice republished", n)
+			}
+		})
+	}
+}

@@ -420,7 +420,16 @@ func (l *lane) own(lease *kv.Lease) bool {
 
 	if l.entry.Turn != nil {
 		if !l.recoverTurn() {
-			l.giveUp()
+			if l.alive() && w.draining() {
+				// A drain cut the resumed turn: the turn record stays; hand
+				// the lane over at once rather than let the lease run out.
+				// (After a failed write the lease runs out instead: a
+				// recovery that keeps failing must not bounce the lane
+				// between workers in a hot loop.)
+				l.release()
+			} else {
+				l.giveUp()
+			}
 			return false
 		}
 	}

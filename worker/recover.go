@@ -129,7 +129,7 @@ func (l *lane) recoverTurn() bool {
 		if !ended {
 			status = StatusCompleted
 		}
-		return l.finish(st, t, status, nil, nil)
+		return l.finish(st, t, status, nil, l.endedEffect(st, t, status, msgs))
 	}
 	if t.Kind == session.KindCommand {
 		if len(msgs) > 0 && msgs[0].body.Command == "retry" {
@@ -312,10 +312,30 @@ func (l *lane) deadLetter(st *txState, t *session.TurnIntent, msgs []inboxMsg, s
 	w.stats.DeadLetters.Add(1)
 	l.log.Warn("turn dead-lettered; lane suspended", "turn", t.ID, "first_seq", t.FirstSeq, "last_seq", t.LastSeq)
 	w.event("deadletter", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "first_seq": t.FirstSeq, "last_seq": t.LastSeq, "reason": reason})
-	return l.finish(st, t, StatusDeadLetter, nil, func(e *session.SessionEntry) {
-		e.Suspended = true
-		e.ClearResumePending()
-	})
+	return l.finish(st, t, StatusDeadLetter, nil, suspendDeadLettered)
+}
+
+// suspendDeadLettered is the effect of a dead letter on the entry.
+func suspendDeadLettered(e *session.SessionEntry) {
+	e.Suspended = true
+	e.ClearResumePending()
+}
+
+// endedEffect is the entry change of a turn whose end is in the transcript
+// but whose commit is not: a command's or a dead letter's effect is applied
+// in the commit CAS only, so a crash between the two would lose it (the
+// lane not suspended after /stop or a dead letter, a /busy not set).
+// Command effects are computed again (they are idempotent: a rewind is
+// found by its id).
+func (l *lane) endedEffect(st *txState, t *session.TurnIntent, status string, msgs []inboxMsg) func(*session.SessionEntry) {
+	switch {
+	case status == StatusDeadLetter:
+		return suspendDeadLettered
+	case status == StatusCommand && t.Kind == session.KindCommand && len(msgs) > 0:
+		_, apply, _ := l.commandEffect(st, t, msgs[0])
+		return apply
+	}
+	return nil
 }
 
 // readRange reads the lane's inbox messages in [first, last].

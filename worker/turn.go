@@ -322,9 +322,11 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 	}
 	res, runErr, stopCause := l.runAgent(agent, st, intent, turn)
 	release()
-	if stopCause == nil && runErr != nil && steerErr != nil {
+	if stopCause == nil && steerErr != nil {
 		// Recording steered input failed (store trouble or a lost lease):
-		// abandon the turn rather than report an agent failure.
+		// abandon the turn rather than report an agent failure, and never
+		// commit it, even if the agent carried on without that input: the
+		// recorded range already covers messages the transcript may lack.
 		stopCause = steerErr
 	}
 

@@ -73,7 +73,13 @@ func (rt *runtime) provision(ctx context.Context, js jetstream.JetStream) (*brok
 		res, err = broker.Provision(ctx, js, broker.ProvisionConfig{
 			Names: rt.names, Replicas: rt.cfg.NATS.Replicas, LeaseTTL: rt.cfg.Lease.TTL.Duration(),
 		})
-		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+		if err == nil {
+			for _, w := range res.Warnings {
+				rt.log.Warn("provisioning kept an existing setting", "detail", w)
+			}
+			return res, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
 			return res, err
 		}
 		rt.log.Warn("provisioning failed; retrying", "err", err)
