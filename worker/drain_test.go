@@ -119,10 +119,19 @@ func TestResumedRetryNotInterruptedByItsOwnRange(t *testing.T) {
 		t.Fatalf("after the drain: turn %+v committed %d; want the cut turn kept", e.Turn, e.CommittedSeq)
 	}
 
-	f.startWorker("successor", noReset)
+	rec := newRecorder()
+	f.startWorker("successor", mods(noReset, func(c *worker.Config) { c.Backend = rec.backend() }))
 	e := f.settled(lane, sb)
 	if got, want := texts(f.replies(lane), session.ReplyKindReply), []string{"echo: a", "echo: b"}; !slices.Equal(got, want) {
 		t.Fatalf("replies %q, want %q", got, want)
+	}
+	// The retry of a saw a's history only: b is the next turn's.
+	retry, ok := rec.turnWith("a\n!sleep 2s")
+	if !ok {
+		t.Fatal("the successor ran no turn with a")
+	}
+	if users := contents(retry.History, transcript.RoleUser); slices.Contains(users, "b") {
+		t.Fatalf("the narrowed retry of a saw b in its history: %q", users)
 	}
 	// Each user message once, in order (b's entry was written by the cut
 	// attempt and is reused, not written again).

@@ -279,7 +279,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		ContextPrompt: session.BuildContextPrompt(src, l.entry, w.cfg.Context),
 		Notes:         notes,
 		FreshReset:    l.entry.IsFreshReset,
-		History:       st.history(),
+		History:       retryHistory(st.history(), intent),
 		Messages:      users,
 	}
 	var steerErr error // set by the agent goroutine, read after it is done
@@ -369,6 +369,25 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 	default:
 		return l.failTurn(st, intent, src, runErr)
 	}
+}
+
+// retryHistory is the history a turn's agent sees. A retry narrowed to the
+// first message of its range must not see the rest of that range (their
+// user entries were written by the interrupted attempt): they are the next
+// turns' to answer, and one of them may be the poison the narrowing
+// isolates.
+func retryHistory(h []transcript.Entry, intent *session.TurnIntent) []transcript.Entry {
+	if intent.RetryFrom <= intent.LastSeq {
+		return h
+	}
+	out := make([]transcript.Entry, 0, len(h))
+	for _, e := range h {
+		if e.Role == transcript.RoleUser && e.InboxSeq > intent.LastSeq && e.InboxSeq <= intent.RetryFrom {
+			continue
+		}
+		out = append(out, e)
+	}
+	return out[:len(out):len(out)]
 }
 
 // failTurn commits a turn whose agent failed, telling the user. It is not
