@@ -61,13 +61,16 @@ func NewNames(prefix string) (Names, error) {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
+	// Lower case only: stream names are the upper-cased prefix, so "fleet"
+	// and "Fleet" (or "a-b" and "a_b", were '-' allowed) would share the
+	// same streams.
 	for _, r := range prefix {
-		ok := r == '_' || r == '-' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9')
+		ok := r == '_' || (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9')
 		if !ok {
-			return Names{}, fmt.Errorf("prefix %q: only letters, digits, '_' and '-' are allowed", prefix)
+			return Names{}, fmt.Errorf("prefix %q: only lower-case letters, digits and '_' are allowed", prefix)
 		}
 	}
-	return Names{prefix: prefix, upper: strings.ToUpper(strings.ReplaceAll(prefix, "-", "_"))}, nil
+	return Names{prefix: prefix, upper: strings.ToUpper(prefix)}, nil
 }
 
 // MustNames is NewNames for prefixes known to be valid.

@@ -211,7 +211,7 @@ func TestEmbeddedServerSyncPolicy(t *testing.T) {
 		wantErr bool
 	}{
 		{"", false, 0, false}, {"default", false, 0, false}, {"always", true, 0, false}, {"10s", false, 10 * time.Second, false},
-		{"sometimes", false, 0, true}, {"-1s", false, 0, true},
+		{"10", false, 10 * time.Second, false}, {"sometimes", false, 0, true}, {"-1s", false, 0, true}, {"0", false, 0, true},
 	} {
 		always, every, err := broker.ParseSync(tc.in)
 		if (err != nil) != tc.wantErr || always != tc.always || every != tc.every {

@@ -34,7 +34,9 @@ type ServerConfig struct {
 	Debug bool
 }
 
-// ParseSync validates a sync policy and returns (always, interval).
+// ParseSync validates a sync policy and returns (always, interval). A
+// duration is a Go duration ("30s") or whole seconds ("30"), as the
+// configuration's durations are.
 func ParseSync(s string) (bool, time.Duration, error) {
 	switch s {
 	case "", "default":
@@ -43,6 +45,9 @@ func ParseSync(s string) (bool, time.Duration, error) {
 		return true, 0, nil
 	}
 	d, err := time.ParseDuration(s)
+	if n, nerr := strconv.Atoi(s); err != nil && nerr == nil {
+		d, err = time.Duration(n)*time.Second, nil
+	}
 	if err != nil || d <= 0 {
 		return false, 0, fmt.Errorf("sync %q: want \"default\", \"always\" or a positive duration", s)
 	}

@@ -80,10 +80,7 @@ type Config struct {
 	// Delivery configures outbound reply delivery.
 	Delivery DeliveryConfig `yaml:"delivery" json:"delivery"`
 
-	// Indexer configures the state database.
-	Indexer IndexerConfig `yaml:"indexer" json:"indexer"`
-
-	// Telemetry configures metrics and logs.
+	// Telemetry configures logs.
 	Telemetry TelemetryConfig `yaml:"telemetry" json:"telemetry"`
 }
 
@@ -424,35 +421,15 @@ type HTTPConfig struct {
 
 // DeliveryConfig configures outbound reply delivery.
 type DeliveryConfig struct {
-	// MaxAttempts is the retry budget of one reply, after which it is
-	// recorded as failed. At least 1.
+	// Backoff is the delay before the first retry of a failed delivery; it
+	// doubles per attempt up to 5s (or Backoff, if longer). Positive.
 	//
-	// Defaults to 10.
-	MaxAttempts int `yaml:"max_attempts" json:"max_attempts"`
-
-	// Backoff is the delay before the first retry; it doubles per attempt.
-	// Positive.
-	//
-	// Defaults to 1s.
+	// Defaults to 100ms.
 	Backoff Duration `yaml:"backoff" json:"backoff"`
 }
 
-// IndexerConfig configures the state database.
-type IndexerConfig struct {
-	// DB is the path of the SQLite state database.
-	//
-	// Defaults to "./data/state.db".
-	DB string `yaml:"db" json:"db"`
-}
-
-// TelemetryConfig configures metrics and logs.
+// TelemetryConfig configures logs.
 type TelemetryConfig struct {
-	// Metrics enables metrics (Prometheus /metrics, and OTLP when
-	// OTEL_EXPORTER_OTLP_ENDPOINT is set).
-	//
-	// Defaults to true.
-	Metrics bool `yaml:"metrics" json:"metrics"`
-
 	// LogLevel is the minimum level logged: debug, info, warn or error.
 	//
 	// Defaults to "info".
@@ -513,14 +490,9 @@ func Default() Config {
 			MaxBodyBytes: 1 << 20,
 		},
 		Delivery: DeliveryConfig{
-			MaxAttempts: 10,
-			Backoff:     Duration(time.Second),
-		},
-		Indexer: IndexerConfig{
-			DB: "./data/state.db",
+			Backoff: Duration(100 * time.Millisecond),
 		},
 		Telemetry: TelemetryConfig{
-			Metrics:   true,
 			LogLevel:  "info",
 			LogFormat: "text",
 		},

@@ -110,10 +110,7 @@ func TestDefaults(t *testing.T) {
 		{"http.addr", c.HTTP.Addr, ":8080"},
 		{"http.token", c.HTTP.Token, ""},
 		{"http.max_body_bytes", c.HTTP.MaxBodyBytes, 1048576},
-		{"delivery.max_attempts", c.Delivery.MaxAttempts, 10},
-		{"delivery.backoff", c.Delivery.Backoff.Duration(), time.Second},
-		{"indexer.db", c.Indexer.DB, "./data/state.db"},
-		{"telemetry.metrics", c.Telemetry.Metrics, true},
+		{"delivery.backoff", c.Delivery.Backoff.Duration(), 100 * time.Millisecond},
 		{"telemetry.log_level", c.Telemetry.LogLevel, "info"},
 		{"telemetry.log_format", c.Telemetry.LogFormat, "text"},
 	} {
@@ -151,10 +148,10 @@ func TestPrecedence(t *testing.T) {
 			def:  "nats://127.0.0.1:4222", file: "nats://file:4222", envVal: "nats://env:4222", flg: "nats://flag:4222",
 		},
 		{
-			kind: "bool", path: "telemetry.metrics", env: "AGENTFLEET_TELEMETRY_METRICS",
-			yaml: "telemetry:\n  metrics: false\n",
+			kind: "bool", path: "session_reset.notify", env: "AGENTFLEET_SESSION_RESET_NOTIFY",
+			yaml: "session_reset:\n  notify: false\n",
 			get: func(c config.Config) string {
-				return map[bool]string{true: "true", false: "false"}[c.Telemetry.Metrics]
+				return map[bool]string{true: "true", false: "false"}[c.SessionReset.Notify]
 			},
 			def: "true", file: "false", envVal: "true", flg: "false",
 		},
@@ -415,10 +412,10 @@ func TestInvalidValues(t *testing.T) {
 			wants: []string{`worker.lanes: "many" is not an integer`, "fleet.yaml:2"}},
 		{name: "bad int env", env: map[string]string{"AGENTFLEET_WORKER_LANES": "many"},
 			wants: []string{`worker.lanes: "many" is not an integer (from AGENTFLEET_WORKER_LANES)`}},
-		{name: "bad bool file", yaml: "telemetry:\n  metrics: sometimes\n",
-			wants: []string{`telemetry.metrics: "sometimes" is not a boolean`}},
-		{name: "bad bool env", env: map[string]string{"AGENTFLEET_TELEMETRY_METRICS": "maybe"},
-			wants: []string{`telemetry.metrics: "maybe" is not a boolean (true or false) (from AGENTFLEET_TELEMETRY_METRICS)`}},
+		{name: "bad bool file", yaml: "session_reset:\n  notify: sometimes\n",
+			wants: []string{`session_reset.notify: "sometimes" is not a boolean`}},
+		{name: "bad bool env", env: map[string]string{"AGENTFLEET_SESSION_RESET_NOTIFY": "maybe"},
+			wants: []string{`session_reset.notify: "maybe" is not a boolean (true or false) (from AGENTFLEET_SESSION_RESET_NOTIFY)`}},
 		{name: "scalar for a section", yaml: "lease: 5\n",
 			wants: []string{`lease: "5" is not a mapping`}},
 		{name: "sequence for a scalar", yaml: "http:\n  addr: [a, b]\n",
@@ -434,7 +431,7 @@ func TestInvalidValues(t *testing.T) {
 		{name: "bad sync", yaml: "embedded:\n  sync: sometimes\n",
 			wants: []string{`embedded.sync: "sometimes" is not a sync policy`}},
 		{name: "bad prefix", yaml: "nats:\n  prefix: my.fleet\n",
-			wants: []string{`nats.prefix: "my.fleet" must be letters, digits`}},
+			wants: []string{`nats.prefix: "my.fleet" must be lower-case letters, digits`}},
 		{name: "bad nats url", env: map[string]string{"NATS_URL": "http://example.com:4222"},
 			wants: []string{`nats.url: "http://example.com:4222" has scheme "http"`, "(from NATS_URL)"}},
 		{name: "bad log level", yaml: "telemetry:\n  log_level: verbose\n",
@@ -814,5 +811,31 @@ func TestSetEveryKey(t *testing.T) {
 	}
 	if !reflect.DeepEqual(c, config.Default()) {
 		t.Errorf("setting every default changed the config:\n got %+v\nwant %+v", c, config.Default())
+	}
+}
+
+// TestLoadWithFlagsOverInvalidEnv: a flag wins over the environment also
+// when the environment's value is invalid (it is not refused), and a bad
+// flag value is refused naming the flag.
+func TestLoadWithFlagsOverInvalidEnv(t *testing.T) {
+	env := func(k string) (string, bool) {
+		if k == "AGENTFLEET_HTTP_ADDR" {
+			return "bogus", true
+		}
+		return "", false
+	}
+	if _, err := config.Load("", env); err == nil || !strings.Contains(err.Error(), "AGENTFLEET_HTTP_ADDR") {
+		t.Fatalf("without the flag: %v, want the bad variable refused", err)
+	}
+	c, err := config.LoadWith("", env, []config.Override{{Path: "http.addr", Value: "127.0.0.1:18083", Source: "flag --http"}})
+	if err != nil {
+		t.Fatalf("the flag did not win over the bad variable: %v", err)
+	}
+	if c.HTTP.Addr != "127.0.0.1:18083" {
+		t.Fatalf("http.addr %q", c.HTTP.Addr)
+	}
+	_, err = config.LoadWith("", nil, []config.Override{{Path: "http.addr", Value: "nope", Source: "flag --http"}})
+	if err == nil || !strings.Contains(err.Error(), "http.addr") || !strings.Contains(err.Error(), "flag --http") {
+		t.Fatalf("bad flag value: %v", err)
 	}
 }

@@ -25,9 +25,23 @@ import (
 // joins one *FieldError per refused value, each naming the key, the value
 // and, when known, where it came from (file and line, or variable).
 //
-// Flags come last: a command calls Load, then Set for each flag the user
-// passed, then Validate.
+// Flags come last: a command passes them to LoadWith, which applies them
+// before the one validation, so a flag overrides an invalid environment or
+// file value of the same key instead of being refused because of it.
 func Load(path string, env func(string) (string, bool)) (Config, error) {
+	return LoadWith(path, env, nil)
+}
+
+// Override is a value given on the command line for a key.
+type Override struct {
+	// Path is the key ("http.addr"), Value its text as in the environment,
+	// Source where it came from, for errors ("flag --http").
+	Path, Value, Source string
+}
+
+// LoadWith is Load with overrides (command-line flags) applied last, over
+// the environment, before validation.
+func LoadWith(path string, env func(string) (string, bool), overrides []Override) (Config, error) {
 	c := Default()
 	origin := map[string]string{} // key path -> where its value came from
 	var errs []error
@@ -40,6 +54,16 @@ func Load(path string, env func(string) (string, bool)) (Config, error) {
 	}
 	if env != nil {
 		errs = append(errs, c.applyEnv(env, origin)...)
+	}
+	for _, o := range overrides {
+		if err := c.set(o.Path, o.Value, o.Source); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		origin[o.Path] = o.Source
+		// The flag replaces the value: an earlier refusal of the same key
+		// (a bad environment value) no longer stands.
+		errs = dropField(errs, o.Path)
 	}
 	if c.Worker.ID == "" {
 		c.Worker.ID = DefaultWorkerID()
@@ -57,6 +81,19 @@ func Load(path string, env func(string) (string, bool)) (Config, error) {
 		return Config{}, errors.Join(errs...)
 	}
 	return c, nil
+}
+
+// dropField removes the *FieldError of key path from errs.
+func dropField(errs []error, path string) []error {
+	out := errs[:0]
+	for _, e := range errs {
+		var fe *FieldError
+		if errors.As(e, &fe) && fe.Field == path {
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
 // DefaultWorkerID returns "<hostname>-<pid>", the worker id Load uses when

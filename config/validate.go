@@ -197,11 +197,11 @@ func checkTimezone(v any) string {
 	return ""
 }
 
-var prefixRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+var prefixRE = regexp.MustCompile(`^[a-z0-9_]+$`)
 
 func checkPrefix(v any) string {
 	if !prefixRE.MatchString(v.(string)) {
-		return fmt.Sprintf("%q must be letters, digits, '_' or '-' only, and not empty", v.(string))
+		return fmt.Sprintf("%q must be lower-case letters, digits or '_' only (stream names are its upper case, so they must not collide), and not empty", v.(string))
 	}
 	return ""
 }

@@ -78,6 +78,18 @@ func NewDelivery(js jetstream.JetStream, res *broker.Resources, names broker.Nam
 	}
 }
 
+// SetBackoff sets the delay before the first retry of a failed delivery
+// (default 100ms); it doubles per attempt up to 5s, or up to first itself
+// if that is longer. Delivery retries until it succeeds. Call it before
+// Start.
+func (d *Delivery) SetBackoff(first time.Duration) {
+	if first <= 0 {
+		return
+	}
+	d.backoffMin = first
+	d.backoffMax = max(deliveryBackoffMax, first)
+}
+
 // ConsumerConfig is the configuration of the durable delivery consumer.
 func (d *Delivery) ConsumerConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{

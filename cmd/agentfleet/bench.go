@@ -1,20 +1,18 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -235,7 +233,9 @@ func runBench(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("bench: the agentfleet binary: %w", err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// As every role: the first signal stops the run (and cleans up), a
+	// second exits at once.
+	ctx, stop := signalContext(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	defer stop()
 
 	pl := newProgressLine(c.Bool("quiet"))

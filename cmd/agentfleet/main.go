@@ -1,11 +1,10 @@
 // Command agentfleet runs the roles of an agentfleet deployment: everything
 // in one process on an embedded NATS server (up), a plain NATS node (nats),
-// workers, ingress and the indexer.
+// workers, the HTTP ingress, and the benchmark (bench).
 package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -45,27 +44,18 @@ func newApp() *cli.App {
 // loadConfig reads the configuration with the precedence flag > env > file >
 // default. flagKeys maps command flags to configuration paths.
 func loadConfig(c *cli.Context, flagKeys map[string]string) (config.Config, error) {
-	cfg, err := config.Load(c.String("config"), os.LookupEnv)
-	if err != nil {
-		return cfg, err
-	}
-	set := func(flag, path string) error {
-		if !c.IsSet(flag) {
-			return nil
+	var overrides []config.Override
+	add := func(flag, path string) {
+		if c.IsSet(flag) {
+			overrides = append(overrides, config.Override{Path: path, Value: c.String(flag), Source: "flag --" + flag})
 		}
-		return cfg.Set(path, c.String(flag))
 	}
-	var errs []error
-	for flag, path := range map[string]string{"log-level": "telemetry.log_level", "log-format": "telemetry.log_format"} {
-		errs = append(errs, set(flag, path))
-	}
+	add("log-level", "telemetry.log_level")
+	add("log-format", "telemetry.log_format")
 	for flag, path := range flagKeys {
-		errs = append(errs, set(flag, path))
+		add(flag, path)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return cfg, err
-	}
-	return cfg, cfg.Validate()
+	return config.LoadWith(c.String("config"), os.LookupEnv, overrides)
 }
 
 func newLogger(cfg config.Config, role string) *slog.Logger {

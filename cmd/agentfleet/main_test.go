@@ -38,6 +38,10 @@ func TestBadEnvAndFlagRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "--workers") {
 		t.Fatalf("--workers 0: %v", err)
 	}
+	err = newApp().Run([]string{"agentfleet", "worker", "--workers", "-1"})
+	if err == nil || !strings.Contains(err.Error(), "--workers -1") {
+		t.Fatalf("worker --workers -1: %v", err)
+	}
 	err = newApp().Run([]string{"agentfleet", "up", "--agent", "gpt-nonexistent", "--data", t.TempDir()})
 	if err == nil || !strings.Contains(err.Error(), "gpt-nonexistent") {
 		t.Fatalf("unknown agent: %v", err)

@@ -51,6 +51,12 @@ func (rt *runtime) connect(name string) (*nats.Conn, jetstream.JetStream, error)
 		TLSCA: rt.cfg.NATS.TLS.CA, TLSCert: rt.cfg.NATS.TLS.Cert, TLSKey: rt.cfg.NATS.TLS.Key, TLSInsecure: rt.cfg.NATS.TLS.InsecureSkipVerify,
 		Timeout: rt.cfg.NATS.ConnectTimeout.Duration(), Logger: rt.log,
 	}
+	if rt.srv != nil {
+		// The embedded server takes in-process connections without
+		// credentials or TLS; the nats.* ones are for an external server
+		// (a configuration file shared with the fleet's other processes).
+		cc = broker.ConnectConfig{InProcess: rt.srv, Name: name, Timeout: rt.cfg.NATS.ConnectTimeout.Duration(), Logger: rt.log}
+	}
 	nc, err := broker.Connect(cc)
 	if err != nil {
 		return nil, nil, err
@@ -140,6 +146,9 @@ func (rt *runtime) workerConfig(id string, b worker.Backend, restart bool) worke
 
 // startWorkers runs n workers, each on its own connection.
 func (rt *runtime) startWorkers(ctx context.Context, n int, id string, b worker.Backend, restart bool, wg *sync.WaitGroup, errs chan<- error) error {
+	if n < 1 {
+		return fmt.Errorf("--workers %d: want at least 1", n)
+	}
 	for i := 0; i < n; i++ {
 		wid := id
 		if n > 1 {
@@ -197,6 +206,7 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 		return nil
 	})
 	del := ingress.NewDelivery(js, res, rt.names, rt.log)
+	del.SetBackoff(rt.cfg.Delivery.Backoff.Duration())
 	if err := del.Start(ctx); err != nil {
 		return nil, err
 	}
@@ -214,7 +224,12 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 			errs <- fmt.Errorf("http: %w", err)
 		}
 	}()
+	// Serve returns as soon as Shutdown begins: the shutdown itself is
+	// waited for too, so requests in flight get their answers (and the
+	// delivery its last ack) before the connections and the server close.
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -279,14 +294,10 @@ func upCommand() *cli.Command {
 				}
 				return nil
 			}); err != nil {
-				stop()
-				wg.Wait()
-				return err
+				return abortStart(ctx, stop, &wg, err)
 			}
 			if err := rt.startWorkers(ctx, c.Int("workers"), cfg.Worker.ID, b, false, &wg, errs); err != nil {
-				stop()
-				wg.Wait()
-				return err
+				return abortStart(ctx, stop, &wg, err)
 			}
 			provisioned.Store(true)
 			log.Info("agentfleet up", "http", cfg.HTTP.Addr, "workers", c.Int("workers"), "data", cfg.Embedded.DataDir)
@@ -296,6 +307,19 @@ func upCommand() *cli.Command {
 }
 
 // waitRoles waits for a signal or a failing role, then for every role to stop.
+// abortStart stops what a role started before it failed to start. A
+// signal that arrived during the start (provisioning can take a while) is a
+// clean stop, not a failure.
+func abortStart(ctx context.Context, stop func(), wg *sync.WaitGroup, err error) error {
+	interrupted := ctx.Err() != nil
+	stop()
+	wg.Wait()
+	if interrupted {
+		return nil
+	}
+	return err
+}
+
 func waitRoles(ctx context.Context, stop func(), wg *sync.WaitGroup, errs chan error) error {
 	var first error
 	select {
@@ -365,6 +389,9 @@ func workerCommand() *cli.Command {
 			&cli.BoolFlag{Name: "restart", Usage: "a graceful stop of this process is a restart (resume reason restart_timeout)"},
 		},
 		Action: func(c *cli.Context) error {
+			if c.Int("workers") < 1 {
+				return fmt.Errorf("--workers %d: want at least 1", c.Int("workers"))
+			}
 			cfg, err := loadConfig(c, map[string]string{"id": "worker.id", "agent": "agent.name"})
 			if err != nil {
 				return err
@@ -384,9 +411,7 @@ func workerCommand() *cli.Command {
 			var wg sync.WaitGroup
 			errs := make(chan error, 16)
 			if err := rt.startWorkers(ctx, c.Int("workers"), cfg.Worker.ID, b, c.Bool("restart"), &wg, errs); err != nil {
-				stop()
-				wg.Wait()
-				return err
+				return abortStart(ctx, stop, &wg, err)
 			}
 			return waitRoles(ctx, stop, &wg, errs)
 		},
@@ -416,9 +441,7 @@ func ingressCommand() *cli.Command {
 			var wg sync.WaitGroup
 			errs := make(chan error, 16)
 			if _, err := rt.startIngress(ctx, cfg.HTTP.Addr, &wg, errs, nil); err != nil {
-				stop()
-				wg.Wait()
-				return err
+				return abortStart(ctx, stop, &wg, err)
 			}
 			return waitRoles(ctx, stop, &wg, errs)
 		},

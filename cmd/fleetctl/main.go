@@ -364,6 +364,13 @@ func transcriptCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			if len(entries) == 0 {
+				// An empty transcript subject: the session id names no
+				// session this fleet ever wrote to.
+				if _, lerr := cl.store.LookupIndex(ctx, c.Args().First()); lerr != nil {
+					return fmt.Errorf("no session %s in this fleet", c.Args().First())
+				}
+			}
 			if !c.Bool("all") {
 				var kept []transcript.Entry
 				for _, e := range entries {

@@ -133,3 +133,15 @@ func TestSessionInfoCountsInboxBacklog(t *testing.T) {
 		}
 	}
 }
+
+func TestTranscriptUnknownSession(t *testing.T) {
+	srv := natstest.RunServer(t)
+	js := natstest.JetStream(t, srv.Connect(t))
+	if _, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NATS_URL", srv.URL())
+	if _, err := runCtl(t, "transcript", "20260101_000000_abcdef01"); err == nil || !strings.Contains(err.Error(), "no session 20260101_000000_abcdef01") {
+		t.Fatalf("unknown session: %v", err)
+	}
+}
