@@ -48,6 +48,8 @@ type lane struct {
 	lane    string
 	subject string
 	log     *slog.Logger
+	// renewDone is closed when the current ownership's renew loop ended.
+	renewDone chan struct{}
 
 	mu     sync.Mutex
 	held   map[uint64]jetstream.Msg
@@ -362,6 +364,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 	w.stats.Takeovers.Add(1)
 
 	renewDone := make(chan struct{})
+	l.renewDone = renewDone
 	go l.renewLoop(renewDone)
 	defer func() { <-renewDone }()
 
@@ -565,6 +568,9 @@ func (l *lane) release() {
 		l.log.Warn("release entry", "err", err)
 	}
 	l.cancel(errHardStop)
+	// The renew loop may be inside a Renew that writes the lease's
+	// revision: let it end before the release reads it.
+	<-l.renewDone
 	if err := w.leases.Release(context.WithoutCancel(w.hardCtx), l.lease); err != nil {
 		l.log.Warn("release lease", "err", err)
 	}
