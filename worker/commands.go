@@ -17,6 +17,13 @@ import (
 // answers the user with a short notice.
 func (l *lane) runCommand(m inboxMsg) bool {
 	w := l.w
+	// A platform retry of a command is not applied twice (an /undo undoing
+	// two turns).
+	if dup, err := l.duplicate(m); err != nil {
+		return false
+	} else if dup {
+		return l.commitSimple(m.seq)
+	}
 	now := w.cfg.Now()
 	intent := &session.TurnIntent{
 		ID: newID(), FirstSeq: m.seq, LastSeq: m.seq, Kind: session.KindCommand, Attempt: 1,

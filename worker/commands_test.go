@@ -6,12 +6,16 @@ package worker_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
@@ -974,5 +978,61 @@ func TestTitleLineage(t *testing.T) {
 	_, s = f.send("lineage", "/resume Project #1")
 	if e := f.settled(lane, s); e.SessionID != p1 {
 		t.Fatalf("/resume Project #1 went to %s, want the first of the lineage %s", e.SessionID, p1)
+	}
+}
+
+// postCopy publishes a second inbox copy of a platform message: the same
+// platform message id, another Nats-Msg-Id (as a retry after the stream's
+// de-duplication window, whose msgids record a crashed ingress missed).
+func (f *fleet) postCopy(chatID, text, msgID string) uint64 {
+	f.t.Helper()
+	src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: chatID, ChatType: session.ChatDM, UserID: "u-" + chatID, UserName: "User " + chatID}
+	key := session.BuildSessionKey(src, session.DefaultKeyOptions())
+	lane := session.LaneToken(key)
+	kind, cmd, args := session.Classify(text)
+	in := session.Inbound{Source: src, SessionKey: key, Kind: kind, Text: text, Command: cmd, Args: args, ReceivedAt: time.Now(),
+		PlatformMsgID: "http:" + chatID + ":" + msgID}
+	data, _ := json.Marshal(in)
+	msg := nats.NewMsg(f.names.InboxSubject(session.Partition(f.names.Prefix(), lane), lane))
+	msg.Data = data
+	msg.Header.Set(broker.HdrSessionKey, key)
+	msg.Header.Set(broker.HdrKind, kind)
+	ack, err := f.js.PublishMsg(f.t.Context(), msg, jetstream.WithMsgID("copy:"+in.PlatformMsgID))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+// Second inbox copies of a platform message are never run twice: not as a
+// message, not as a command (an /undo applied twice), not as steered input.
+func TestDuplicateCopiesNotRunTwice(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.startWorker("w1", noReset)
+	lane, s := f.post("dupw", "one", "m1")
+	f.settled(lane, s)
+	_, s = f.post("dupw", "two", "m2")
+	f.settled(lane, s)
+	f.settled(lane, f.postCopy("dupw", "one", "m1"))
+	_, s = f.post("dupw", "/undo", "m3")
+	f.settled(lane, s)
+	e := f.settled(lane, f.postCopy("dupw", "/undo", "m3"))
+	if users := contents(f.effective(e.SessionID), transcript.RoleUser); !slices.Equal(users, []string{"one"}) {
+		t.Fatalf("effective users %q: want \"two\" undone once and the copy of \"one\" not run", users)
+	}
+	if got := texts(f.replies(lane), session.ReplyKindReply); !slices.Equal(got, []string{"echo: one", "echo: two"}) {
+		t.Fatalf("replies %q", got)
+	}
+
+	_, s = f.send("dupw", "/busy steer")
+	f.settled(lane, s)
+	_, sx := f.post("dupw", "x\n!sleep 1500ms", "m4")
+	f.waitTurn(lane, sx)
+	f.post("dupw", "y", "m5")
+	e = f.settled(lane, f.postCopy("dupw", "y", "m5"))
+	users := contents(f.effective(e.SessionID), transcript.RoleUser)
+	if n := len(slices.DeleteFunc(slices.Clone(users), func(u string) bool { return u != "y" })); n != 1 {
+		t.Fatalf("user entries %q: want y once", users)
 	}
 }

@@ -223,22 +223,10 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 			users = append(users, UserMessage{InboxSeq: m.seq, Text: text, SenderName: m.body.Source.UserName})
 			continue
 		}
-		if id := m.body.PlatformMsgID; id != "" {
-			// The ingress normally recorded the id already: read first, and
-			// write only when it is missing.
-			owner, found, err := l.lookupMsgID(m)
-			if err == nil && !found {
-				owner, err = w.msgids.Record(context.WithoutCancel(l.ctx), id, m.seq)
-			}
-			if err != nil {
-				l.log.Warn("record message id", "err", err)
-				return false
-			}
-			if owner != m.seq {
-				l.log.Info("duplicate platform message not run", "platform_msg_id", id, "seq", m.seq, "first_seq", owner)
-				w.event("duplicate", l.lane, map[string]any{"seq": m.seq, "first_seq": owner, "platform_msg_id": id})
-				continue
-			}
+		if dup, err := l.duplicate(m); err != nil {
+			return false
+		} else if dup {
+			continue
 		}
 		e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", intent.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
 			Content: text, InboxSeq: m.seq, TurnID: intent.ID, SenderName: m.body.Source.UserName, Timestamp: w.cfg.Now()}
@@ -870,6 +858,11 @@ func (l *lane) steer(ctx context.Context, st *txState, intent *session.TurnInten
 	var out []UserMessage
 	for _, m := range msgs {
 		if !st.userSeqs[m.seq] {
+			if dup, err := l.duplicate(m); err != nil {
+				return nil, err
+			} else if dup {
+				continue
+			}
 			e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", intent.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
 				Content: m.body.Text, InboxSeq: m.seq, TurnID: intent.ID, SenderName: m.body.Source.UserName, Timestamp: l.w.cfg.Now()}
 			if err := l.appendOwned(st, &e); err != nil {
@@ -879,6 +872,34 @@ func (l *lane) steer(ctx context.Context, st *txState, intent *session.TurnInten
 		out = append(out, UserMessage{InboxSeq: m.seq, Text: m.body.Text, SenderName: m.body.Source.UserName})
 	}
 	return out, nil
+}
+
+// duplicate reports whether m repeats a platform message already
+// incorporated under another inbox seq (a platform retry that reached the
+// inbox again: after the stream's de-duplication window, with its msgids
+// record missed by a crashed ingress). It claims the id for m otherwise.
+// The ingress normally recorded the id already: it reads first, and writes
+// only when the record is missing.
+func (l *lane) duplicate(m inboxMsg) (bool, error) {
+	id := m.body.PlatformMsgID
+	if id == "" {
+		return false, nil
+	}
+	w := l.w
+	owner, found, err := l.lookupMsgID(m)
+	if err == nil && !found {
+		owner, err = w.msgids.Record(context.WithoutCancel(l.ctx), id, m.seq)
+	}
+	if err != nil {
+		l.log.Warn("record message id", "err", err)
+		return false, err
+	}
+	if owner == m.seq {
+		return false, nil
+	}
+	l.log.Info("duplicate platform message not run", "platform_msg_id", id, "seq", m.seq, "first_seq", owner)
+	w.event("duplicate", l.lane, map[string]any{"seq": m.seq, "first_seq": owner, "platform_msg_id": id})
+	return true, nil
 }
 
 // discard records a /queue item discarded by a following /new or /reset: a
