@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -303,13 +304,14 @@ func ensureInbox(ctx context.Context, js jetstream.JetStream, cfg jetstream.Stre
 		if err != nil {
 			return nil, "", fmt.Errorf("provision stream %s: %w", cfg.Name, err)
 		}
-		id := s.CachedInfo().Config.Metadata[InboxIDMetadata]
+		info := s.CachedInfo()
+		id := info.Config.Metadata[InboxIDMetadata]
 		if id == "" {
-			var b [16]byte
-			if _, err := rand.Read(b[:]); err != nil {
-				return nil, "", err
-			}
-			id = hex.EncodeToString(b[:])
+			// A stream made by other means (by hand, restored): every
+			// process starting now must settle on the same identity, so
+			// derive it from the stream's creation instead of a random one.
+			sum := sha256.Sum256([]byte(info.Config.Name + "\x00" + info.Created.UTC().Format(time.RFC3339Nano)))
+			id = hex.EncodeToString(sum[:16])
 		}
 		update := cfg
 		update.Metadata = map[string]string{InboxIDMetadata: id}

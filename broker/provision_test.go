@@ -234,3 +234,55 @@ func TestEmbeddedServerSyncPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestInboxIdentityOfAStreamWithoutOne: an inbox stream made by other means
+// (no identity metadata) gets one identity however many processes provision
+// it, derived from the stream itself, and keeps it.
+func TestInboxIdentityOfAStreamWithoutOne(t *testing.T) {
+	srv := natstest.RunServer(t)
+	js := natstest.JetStream(t, srv.Connect(t))
+	if _, err := js.CreateStream(t.Context(), jetstream.StreamConfig{Name: "FLEET_IN", Subjects: []string{"fleet.in.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	// Processes starting together, each on a connection of its own.
+	const n = 4
+	jss := make([]jetstream.JetStream, n)
+	for i := range jss {
+		jss[i] = natstest.JetStream(t, srv.Connect(t))
+	}
+	got := make([]string, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			res, err := broker.Provision(t.Context(), jss[i], broker.ProvisionConfig{})
+			if err == nil {
+				got[i] = res.InboxID
+			}
+			errs[i] = err
+		})
+	}
+	close(start)
+	wg.Wait()
+	ids := map[string]bool{}
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		ids[got[i]] = true
+	}
+	if len(ids) != 1 {
+		t.Fatalf("inbox identities %v, want one", ids)
+	}
+	s, err := js.Stream(t.Context(), "FLEET_IN")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id := range ids {
+		if got := s.CachedInfo().Config.Metadata[broker.InboxIDMetadata]; got != id || id == "" {
+			t.Fatalf("stored identity %q, provisioned %q", got, id)
+		}
+	}
+}
