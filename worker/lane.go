@@ -50,6 +50,8 @@ type lane struct {
 	log     *slog.Logger
 	// renewDone is closed when the current ownership's renew loop ended.
 	renewDone chan struct{}
+	// pauseTag names the pausePoint of the next mutate (tests only).
+	pauseTag string
 
 	mu     sync.Mutex
 	held   map[uint64]jetstream.Msg
@@ -637,6 +639,9 @@ func (l *lane) mutate(fn kv.MutateFunc, fenced bool) error {
 	if err := l.checkAlive(); err != nil {
 		return err
 	}
+	if l.pauseTag != "" {
+		pausePoint(l.pauseTag)
+	}
 	var fence *kv.Fence
 	if fenced {
 		fence = &kv.Fence{Owner: l.w.owner, Epoch: l.lease.Epoch}
@@ -739,6 +744,7 @@ func (l *lane) appendTo(st *txState, e *transcript.Entry) error {
 	if err := l.checkAlive(); err != nil {
 		return err
 	}
+	pausePoint("append:" + e.Role)
 	var seq uint64
 	var err error
 	for attempt := 0; ; attempt++ {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"runtime/debug"
+	"sync"
 	"syscall"
 	"time"
 
@@ -601,6 +603,8 @@ func (l *lane) commit(intent *session.TurnIntent, res *Result, apply func(*sessi
 		// have discarded them.
 		queueDepth = l.queueDepth(l.turnLastSeq(intent))
 	}
+	l.pauseTag = "commit"
+	defer func() { l.pauseTag = "" }()
 	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 		if e.LastTurnID == intent.ID || e.Turn == nil || e.Turn.ID != intent.ID {
 			return nil, errNoChange
@@ -678,6 +682,7 @@ func (l *lane) publishReply(st *txState, intent *session.TurnIntent, e transcrip
 	if err := l.checkAlive(); err != nil {
 		return err
 	}
+	pausePoint("reply")
 	r := session.Reply{
 		ID: st.sessionID + ":" + seqString(e.Seq), SessionKey: l.entry.SessionKey, SessionID: st.sessionID,
 		TurnID: intent.ID, TxSeq: e.Seq, Kind: kind, Text: e.Content, Platform: src.Platform,
@@ -812,6 +817,33 @@ func crashPoint(name string) {
 }
 
 var crashAt = os.Getenv("AGENTFLEET_CRASH_AT")
+
+// pausePoint stops the whole process (SIGSTOP to itself) the first time it
+// reaches the point named by AGENTFLEET_PAUSE_AT — right after a write's own
+// lease check passed, just before the write goes to the server — so that
+// tests can show that the server-side fence, not the worker's self-check,
+// refuses the write of a worker that was paused there while another took
+// its lane over. Points: "append:<role>" (a transcript append of that role,
+// e.g. append:tool), "reply" (a reply publish), "commit" (the commit CAS).
+func pausePoint(name string) {
+	if pauseAt != "" && pauseAt == name {
+		pauseOnce.Do(func() {
+			// The stop reaches the other threads of the process a moment
+			// later: this goroutine must not go on meanwhile, so it waits
+			// for the SIGCONT that resumes the process.
+			cont := make(chan os.Signal, 1)
+			signal.Notify(cont, syscall.SIGCONT)
+			defer signal.Stop(cont)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			<-cont
+		})
+	}
+}
+
+var (
+	pauseAt   = os.Getenv("AGENTFLEET_PAUSE_AT")
+	pauseOnce sync.Once
+)
 
 // turnLastSeq is the turn's current last seq (steer input extends it).
 func (l *lane) turnLastSeq(intent *session.TurnIntent) uint64 {
