@@ -172,7 +172,7 @@ func buildKeys() []key {
 			"Hour of the daily reset, 0..23, in `timezone`.",
 			func(c *Config) *int { return &c.SessionReset.AtHour }, checkAtHour),
 		field("session_reset.idle_minutes",
-			"Minutes of inactivity after which a session resets, at least 1.",
+			"Minutes of inactivity after which a session resets, 1 to 52704000 (100 years).",
 			func(c *Config) *int { return &c.SessionReset.IdleMinutes }, checkIdleMinutes),
 		field("session_reset.notify",
 			"Tell the user, on the first message after an automatic reset, that the session was reset.",

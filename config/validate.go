@@ -173,7 +173,16 @@ func checkAtHour(v any) string {
 	return ""
 }
 
-var checkIdleMinutes = minInt(1)
+func checkIdleMinutes(v any) string {
+	n := v.(int)
+	if n < 1 {
+		return fmt.Sprintf("%q is below the minimum of 1", strconv.Itoa(n))
+	}
+	if n > session.MaxIdleMinutes {
+		return fmt.Sprintf("%q is above the maximum of %d (100 years; mode daily or none has no idle reset)", strconv.Itoa(n), session.MaxIdleMinutes)
+	}
+	return ""
+}
 
 func checkReplicas(v any) string {
 	switch v.(int) {

@@ -33,10 +33,14 @@ func (m ResetMode) Valid() bool {
 func (m ResetMode) usesIdle() bool  { return m == ResetIdle || m == ResetBoth }
 func (m ResetMode) usesDaily() bool { return m == ResetDaily || m == ResetBoth }
 
+// MaxIdleMinutes bounds idle_minutes (100 years): beyond it the deadline
+// would overflow a time.Duration.
+const MaxIdleMinutes = 100 * 366 * 24 * 60
+
 // Validate reports every problem of p, joined, each wrapping
 // ErrInvalidResetPolicy: a mode other than none, idle, daily or both; an
 // at_hour outside 0..23; idle_minutes below 1 when the mode uses the idle
-// timeout.
+// timeout, or above MaxIdleMinutes.
 func (p ResetPolicy) Validate() error {
 	var errs []error
 	if !p.Mode.Valid() {
@@ -47,6 +51,9 @@ func (p ResetPolicy) Validate() error {
 	}
 	if p.Mode.usesIdle() && p.IdleMinutes < 1 {
 		errs = append(errs, fmt.Errorf("%w: idle_minutes %d: must be at least 1 with mode %q", ErrInvalidResetPolicy, p.IdleMinutes, p.Mode))
+	}
+	if p.IdleMinutes > MaxIdleMinutes {
+		errs = append(errs, fmt.Errorf("%w: idle_minutes %d: must be at most %d (100 years; use mode daily or none for no idle reset)", ErrInvalidResetPolicy, p.IdleMinutes, MaxIdleMinutes))
 	}
 	return errors.Join(errs...)
 }
@@ -151,12 +158,46 @@ func ShouldReset(entry *SessionEntry, policy ResetPolicy, now time.Time, loc *ti
 	return ""
 }
 
-// lastDailyBoundary returns the most recent atHour:00 in loc at or before now.
+// lastDailyBoundary returns the most recent daily boundary in loc at or
+// before now: today's, or yesterday's when today's is still ahead.
 func lastDailyBoundary(now time.Time, atHour int, loc *time.Location) time.Time {
 	local := now.In(loc)
-	boundary := time.Date(local.Year(), local.Month(), local.Day(), atHour, 0, 0, 0, loc)
-	if local.Hour() < atHour {
-		boundary = time.Date(local.Year(), local.Month(), local.Day()-1, atHour, 0, 0, 0, loc)
+	y, m, d := local.Date()
+	if b := dailyBoundaryOn(y, m, d, atHour, loc); !b.After(now) {
+		return b
 	}
-	return boundary
+	y, m, d = time.Date(y, m, d-1, 12, 0, 0, 0, loc).Date()
+	return dailyBoundaryOn(y, m, d, atHour, loc)
+}
+
+// dailyBoundaryOn is the boundary of the local day y-m-d: the first instant
+// whose local wall clock shows atHour:00 or later on that day. On days when
+// the clocks change it is not what time.Date returns for atHour:00 (which
+// is unspecified for a repeated or skipped hour): when the hour is repeated
+// (clocks go back) it is its first occurrence; when it is skipped (clocks go
+// forward) it is the moment of the change. Whether the wall clock reached
+// the boundary only ever goes from false to true as time passes, so a
+// binary search over whole seconds finds it.
+func dailyBoundaryOn(y int, m time.Month, d, atHour int, loc *time.Location) time.Time {
+	reached := func(sec int64) bool {
+		l := time.Unix(sec, 0).In(loc)
+		ly, lm, ld := l.Date()
+		if ly != y || lm != m || ld != d {
+			return ly > y || ly == y && (lm > m || lm == m && ld > d)
+		}
+		return l.Hour() >= atHour
+	}
+	// The day lies within [its nominal midnight - 3h, + 27h] whatever the
+	// offsets around it.
+	lo := time.Date(y, m, d, 0, 0, 0, 0, loc).Unix() - 3*3600
+	hi := lo + 30*3600
+	for hi-lo > 1 { // invariant: !reached(lo), reached(hi)
+		mid := lo + (hi-lo)/2
+		if reached(mid) {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return time.Unix(hi, 0).In(loc)
 }

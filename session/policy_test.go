@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	_ "time/tzdata" // the zone database, also where the system has none
 
 	"github.com/agentfleet/agentfleet/session"
 )
@@ -257,5 +258,89 @@ func TestShouldResetInOtherZones(t *testing.T) {
 	}
 	if got := session.ShouldReset(after, policy, now, ny, false); got != "" {
 		t.Errorf("ShouldReset(at boundary) = %q, want \"\"", got)
+	}
+}
+
+// TestShouldResetAcrossClockChanges: on the days the clocks change, the
+// daily boundary is the first moment the local clock shows at_hour:00 —
+// the first occurrence of a repeated hour, the moment of the change for a
+// skipped one — so no session resets on every message of a repeated hour,
+// and no daily reset is skipped.
+func TestShouldResetAcrossClockChanges(t *testing.T) {
+	t.Parallel()
+	load := func(name string) *time.Location {
+		loc, err := time.LoadLocation(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return loc
+	}
+	berlin, newYork, santiago := load("Europe/Berlin"), load("America/New_York"), load("America/Santiago")
+	utc := func(s string) time.Time {
+		v, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		name         string
+		loc          *time.Location
+		atHour       int
+		updated, now string // UTC
+		want         string
+		boundaryUTC  string // the boundary of now's local day
+	}{
+		// Berlin, 2026-10-25: 03:00 CEST (01:00 UTC) becomes 02:00 CET; 02:xx
+		// happens twice. The boundary is the first 02:00, 00:00 UTC.
+		{"repeated hour, updated after its first start", berlin, 2, "2026-10-25T00:05:00Z", "2026-10-25T00:10:00Z", "", "2026-10-25T00:00:00Z"},
+		{"repeated hour, second occurrence", berlin, 2, "2026-10-25T00:05:00Z", "2026-10-25T01:30:00Z", "", "2026-10-25T00:00:00Z"},
+		{"repeated hour, updated the day before", berlin, 2, "2026-10-24T23:59:00Z", "2026-10-25T00:10:00Z", "daily", "2026-10-25T00:00:00Z"},
+		// New York, 2026-03-08: 02:00 EST (07:00 UTC) becomes 03:00 EDT; 02:xx
+		// does not exist. The boundary is the change, 07:00 UTC.
+		{"skipped hour, updated before the change", newYork, 2, "2026-03-08T06:30:00Z", "2026-03-08T07:30:00Z", "daily", "2026-03-08T07:00:00Z"},
+		{"skipped hour, updated after the change", newYork, 2, "2026-03-08T07:00:00Z", "2026-03-08T07:30:00Z", "", "2026-03-08T07:00:00Z"},
+		// Santiago, 2026-09-06: midnight (04:00 UTC) becomes 01:00; the day
+		// starts at 01:00 -04, the boundary of at_hour 0 is that moment.
+		{"skipped midnight", santiago, 0, "2026-09-06T03:59:00Z", "2026-09-06T04:30:00Z", "daily", "2026-09-06T04:00:00Z"},
+	} {
+		policy := session.ResetPolicy{Mode: session.ResetDaily, AtHour: tc.atHour}
+		e := &session.SessionEntry{UpdatedAt: utc(tc.updated)}
+		if got := session.ShouldReset(e, policy, utc(tc.now), tc.loc, false); got != tc.want {
+			t.Errorf("%s: ShouldReset = %q, want %q", tc.name, got, tc.want)
+		}
+		// Just before and at the boundary.
+		b := utc(tc.boundaryUTC)
+		if got := session.ShouldReset(&session.SessionEntry{UpdatedAt: b.Add(-time.Second)}, policy, b, tc.loc, false); got != "daily" {
+			t.Errorf("%s: updated a second before the boundary %s, at it: %q, want daily", tc.name, b, got)
+		}
+		if got := session.ShouldReset(&session.SessionEntry{UpdatedAt: b}, policy, b.Add(time.Minute), tc.loc, false); got != "" {
+			t.Errorf("%s: updated at the boundary %s: %q, want none", tc.name, b, got)
+		}
+	}
+	// Every minute of a clocks-back day: a session updated a minute ago
+	// never resets.
+	policy := session.ResetPolicy{Mode: session.ResetDaily, AtHour: 2}
+	for now := utc("2026-10-24T22:00:00Z"); now.Before(utc("2026-10-25T23:00:00Z")); now = now.Add(time.Minute) {
+		e := &session.SessionEntry{UpdatedAt: now.Add(-time.Minute)}
+		if got := session.ShouldReset(e, policy, now, berlin, false); got != "" && !now.Equal(utc("2026-10-25T00:00:00Z")) {
+			t.Fatalf("now %s (%s): a session updated a minute before reset (%q)", now, now.In(berlin), got)
+		}
+	}
+}
+
+func TestIdleMinutesBounded(t *testing.T) {
+	t.Parallel()
+	p := session.ResetPolicy{Mode: session.ResetIdle, AtHour: 4, IdleMinutes: session.MaxIdleMinutes + 1}
+	if err := p.Validate(); err == nil || !strings.Contains(err.Error(), "idle_minutes") {
+		t.Fatalf("idle_minutes above the maximum: %v", err)
+	}
+	p.IdleMinutes = session.MaxIdleMinutes
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	e := &session.SessionEntry{UpdatedAt: time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)}
+	if got := session.ShouldReset(e, p, e.UpdatedAt.Add(time.Minute), time.UTC, false); got != "" {
+		t.Fatalf("a session updated a minute ago with the largest idle_minutes: %q", got)
 	}
 }
