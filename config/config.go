@@ -61,6 +61,9 @@ type Config struct {
 	// WhatsApp configures WhatsApp identifier canonicalization.
 	WhatsApp WhatsAppConfig `yaml:"whatsapp" json:"whatsapp"`
 
+	// Privacy configures what the agent's prompt reveals.
+	Privacy PrivacyConfig `yaml:"privacy" json:"privacy"`
+
 	// NATS configures the connection to NATS and the names of the fleet's
 	// streams, buckets and subjects.
 	NATS NATSConfig `yaml:"nats" json:"nats"`
@@ -196,6 +199,17 @@ type AgentConfig struct {
 	//
 	// Defaults to false.
 	AllowCrash bool `yaml:"allow_crash" json:"allow_crash"`
+}
+
+// PrivacyConfig configures what the agent's prompt reveals.
+type PrivacyConfig struct {
+	// RedactPII replaces user ids and chat ids in the session context
+	// prompt with stable hashes (user_<12hex>, <platform>:<12hex>), except
+	// on platforms that need raw ids for mentions (Discord). Routing,
+	// session keys and delivery always use the real ids.
+	//
+	// Defaults to false.
+	RedactPII bool `yaml:"redact_pii" json:"redact_pii"`
 }
 
 // WhatsAppConfig configures WhatsApp identifier canonicalization.

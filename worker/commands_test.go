@@ -1036,3 +1036,36 @@ func TestDuplicateCopiesNotRunTwice(t *testing.T) {
 		t.Fatalf("user entries %q: want y once", users)
 	}
 }
+
+// With RedactPII the agent's session context prompt carries hashes, not the
+// user's or the chat's ids; routing still uses the real ones (the reply
+// reaches the lane).
+func TestContextPromptRedaction(t *testing.T) {
+	t.Parallel()
+	for _, redact := range []bool{false, true} {
+		f := newFleet(t)
+		rec := newRecorder()
+		f.startWorker("w1", mods(noReset, func(c *worker.Config) {
+			c.Backend = rec.backend()
+			c.Context = session.ContextOptions{KeyOptions: session.DefaultKeyOptions(), RedactPII: redact}
+		}))
+		lane, s := f.send("pii-chat-42", "hello")
+		f.settled(lane, s)
+		if got := texts(f.replies(lane), session.ReplyKindReply); !slices.Equal(got, []string{"echo: hello"}) {
+			t.Fatalf("redact %v: replies %q", redact, got)
+		}
+		turn, ok := rec.turnWith("hello")
+		if !ok {
+			t.Fatal("no turn")
+		}
+		// The user's display name ("User pii-chat-42") is not an id: look
+		// for the ids themselves.
+		raw := strings.Contains(turn.ContextPrompt, `"pii-chat-42"`) || strings.Contains(turn.ContextPrompt, `"u-pii-chat-42"`)
+		if redact && (raw || !strings.Contains(turn.ContextPrompt, "user_")) {
+			t.Errorf("redacted prompt shows raw ids or no hashes:\n%s", turn.ContextPrompt)
+		}
+		if !redact && !raw {
+			t.Errorf("prompt without redaction lacks the chat id:\n%s", turn.ContextPrompt)
+		}
+	}
+}

@@ -137,7 +137,9 @@ func (rt *runtime) workerConfig(id string, b worker.Backend, restart bool) worke
 		GatewayTimeout: c.Agent.GatewayTimeout.Duration(), Freshness: c.Agent.GatewayAutoContinueFreshness.Duration(),
 		DrainTimeout: c.Agent.RestartDrainTimeout.Duration(), Restart: restart,
 		Reset: c.ResetConfig(), Location: c.Location(),
-		Context:    session.ContextOptions{KeyOptions: keys},
+		Context: session.ContextOptions{KeyOptions: keys, RedactPII: c.Privacy.RedactPII,
+			// The platforms this deployment delivers to: the HTTP adapter.
+			ConnectedPlatforms: []session.Platform{session.PlatformHTTP}},
 		MaxAgeDays: c.SessionStoreMaxAgeDays,
 		CacheSize:  c.Worker.CacheSize, CacheIdleTTL: c.Worker.CacheIdleTTL.Duration(),
 		Logger: rt.log,
