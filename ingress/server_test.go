@@ -403,6 +403,8 @@ func TestPostMessageRejected(t *testing.T) {
 		{"queue without text", "", `{"chat_id":"c1","text":"/queue"}`, 400, "/queue needs the text"},
 		{"q without text", "", `{"chat_id":"c1","text":"  /q   "}`, 400, "/queue needs the text"},
 		{"bad chat type", "", `{"chat_id":"c1","chat_type":"room","text":"hi"}`, 400, `"room"`},
+		{"bad chat type with a message id", "", `{"chat_id":"c1","chat_type":"room","message_id":"m7","text":"hi"}`, 400, `"room"`},
+		{"queue without text, with a message id", "", `{"chat_id":"c1","message_id":"m8","text":"/queue "}`, 400, "/queue needs the text"},
 		{"path traversal in chat_id", "", `{"chat_id":"../../etc/passwd","text":"hi"}`, 400, "chat_id"},
 		{"separator in user_id", "", `{"chat_id":"c1","user_id":"a/b","text":"hi"}`, 400, "user_id"},
 		{"control char in message_id", "", `{"chat_id":"c1","message_id":"m\u0000","text":"hi"}`, 400, "message_id"},
@@ -441,6 +443,18 @@ func TestPostMessageRejected(t *testing.T) {
 
 	if n := b.inboxCount(t); n != 0 {
 		t.Fatalf("rejected requests published %d messages", n)
+	}
+	// Nor did they claim a message id: the same ids are accepted afterwards.
+	if keys, err := b.res.MsgIDs.ListKeys(t.Context()); err == nil {
+		for k := range keys.Keys() {
+			t.Errorf("a rejected request left the msgids record %s", k)
+		}
+	}
+	for _, id := range []string{"m7", "m8"} {
+		r := b.post(t, `{"chat_id":"c1","message_id":"`+id+`","text":"hi"}`)
+		if wantStatus(t, r, http.StatusAccepted); r.body["duplicate"] != false {
+			t.Fatalf("message id %s after its rejection: %s", id, r.raw)
+		}
 	}
 }
 

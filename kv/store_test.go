@@ -298,6 +298,11 @@ func runIncrements(t *testing.T, newStore func() *kv.Store) {
 	}
 	t.Logf("%d increments by %d connections in %v, %d mutate calls (%d retries after conflicts)",
 		len(all), writers, time.Since(began).Round(time.Millisecond), calls.Load(), calls.Load()-int64(len(all)))
+	// The writers did race: some writes met a conflict and were retried.
+	// (Without that the test would show nothing about lost updates.)
+	if calls.Load() <= int64(len(all)) {
+		t.Fatalf("no write met a conflict (%d mutate calls for %d writes): the writers never raced", calls.Load(), len(all))
+	}
 }
 
 func TestMutateConcurrentConnections(t *testing.T) {

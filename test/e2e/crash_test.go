@@ -58,9 +58,19 @@ func TestCrashPoints(t *testing.T) {
 					t.Fatalf("after_reply: turn %+v, reply %v, committed %d: the crash was not between reply and commit",
 						before.Turn, hasReply, before.CommittedSeq)
 				}
+				// The reply went out before the crash: it reaches the
+				// mailbox with no worker running. The recovery publishes it
+				// again (same Msg-Id); "once" below shows that is dropped.
+				c.waitReplies(a.SessionKey, 1, 30*time.Second)
+				waitFor(t, 30*time.Second, "the reply published before the crash to be delivered", c.delivered)
 			case "after_commit":
 				if before.Turn != nil || before.CommittedSeq < a.Seq {
 					t.Fatalf("after_commit: turn %+v, committed %d: the crash was not after the commit", before.Turn, before.CommittedSeq)
+				}
+				// The delivery was not acked: it comes back to the rescuer,
+				// which finds it committed and acks it without a turn.
+				if info, err := c.res.Consumer.Info(t.Context()); err != nil || info.NumAckPending+int(info.NumPending) == 0 {
+					t.Fatalf("after_commit: workers consumer %+v (%v): the delivery was acked before the crash", info, err)
 				}
 			}
 
@@ -104,6 +114,21 @@ func TestCrashPoints(t *testing.T) {
 			}
 			if n := checkRepliesOnce(t, a.SessionKey, entries, box); n != 1 {
 				t.Errorf("%d completed turns with a reply, want 1", n)
+			}
+			// The rescuer resumed the turn (same id, attempt 2) where the
+			// crash left it unfinished, and ran no turn after a commit.
+			starts := 0
+			for _, ev := range c.laneTurnEvents(session.LaneToken(a.SessionKey)) {
+				if ev.Type != "start" {
+					continue
+				}
+				starts++
+				if ev.Attempt >= 2 && (ev.TurnID != before.LastTurnID && (before.Turn == nil || ev.TurnID != before.Turn.ID) || ev.SessionID != sid) {
+					t.Errorf("resumed attempt %+v is not the crashed turn in session %s", ev, sid)
+				}
+			}
+			if want := map[string]int{"after_append": 2, "after_reply": 1, "after_commit": 1}[point]; starts != want {
+				t.Errorf("%d turn starts, want %d (the crashed attempt%s)", starts, want, map[bool]string{true: " and its resumption", false: ""}[want == 2])
 			}
 
 			rescuer.signal(syscall.SIGTERM)

@@ -37,7 +37,7 @@ func resumeNotes(text string) []string {
 // session id, gets the crash-reason resume note, its reply is delivered once,
 // and its commit clears interrupted_turns and resume_pending.
 func TestKillMidTurnResumes(t *testing.T) {
-	const sleep = 6 * time.Second
+	const sleep = 20 * time.Second // a long agent turn, as the requirement has it
 	c := newCluster(t)
 	c.startIngress()
 	workers := []*workerProc{c.startWorker("k1"), c.startWorker("k2")}
