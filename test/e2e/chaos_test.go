@@ -211,6 +211,26 @@ func TestChaos(t *testing.T) {
 
 	// Exclusivity, from the turn events of every lane.
 	st := checkNoOverlap(t, byLane)
+	// The checks above and below read the turn events: they must be there,
+	// and the run must have done what it is for (kills that interrupted
+	// turns, lanes that changed hands), or it proved nothing.
+	for _, l := range sent {
+		if len(byLane[session.LaneToken(l.key)]) == 0 {
+			t.Errorf("lane %s: no turn events at all", l.chat)
+		}
+	}
+	midTurn := 0
+	for _, k := range kills {
+		if k.inFlight > 0 {
+			midTurn++
+		}
+	}
+	if midTurn == 0 || st.resumed == 0 {
+		t.Errorf("%d of %d kills landed with turns in flight and %d attempts resumed: the run interrupted no turn", midTurn, len(kills), st.resumed)
+	}
+	if st.epochs <= st.lanes {
+		t.Errorf("%d lane ownerships for %d lanes: no lane changed hands", st.epochs, st.lanes)
+	}
 	t.Logf("turns: %d started (%d resumed attempts), %d completed with a reply, %d mailbox messages; "+
 		"%d lane ownerships (distinct epochs with turns), %d takeovers; %d kills; %d lanes dead-lettered",
 		st.starts, st.resumed, completedTurns, replies, st.epochs, st.epochs-st.lanes, len(kills), len(deadLettered))
