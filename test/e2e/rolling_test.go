@@ -355,6 +355,23 @@ func TestDeployLoopSuspendsNothing(t *testing.T) {
 	env := []string{"AGENTFLEET_WORKER_LINGER=30s"}
 	args := []string{"--restart"}
 	workers := []*workerProc{c.startWorkerArgs("deploy1", args, env...), c.startWorkerArgs("deploy2", args, env...)}
+	// Every revision of every entry, not only the state after each round:
+	// a takeover that counted an interruption would be cleared by the
+	// next commit, and a check between rounds would never see it.
+	watch := watchEntries(t, c)
+	defer func() {
+		n := 0
+		for _, r := range watch.snapshot() {
+			n++
+			if r.suspended || r.resumePending || r.interrupted != 0 {
+				t.Errorf("entry %s revision %d (owner %q epoch %d): suspended %v resume_pending %v interrupted_turns %d",
+					r.key, r.rev, r.owner, r.epoch, r.suspended, r.resumePending, r.interrupted)
+			}
+		}
+		if n == 0 {
+			t.Errorf("the entry watcher saw no revision")
+		}
+	}()
 
 	keys := make([]string, lanes)
 	sids := make([]string, lanes)

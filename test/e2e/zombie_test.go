@@ -27,6 +27,9 @@ type entryRev struct {
 	committed uint64
 	turn      string
 	at        time.Time
+	// The lifecycle flags a deploy must never set.
+	suspended, resumePending bool
+	interrupted              int
 }
 
 // entryWatcher records every revision of every SessionEntry while it runs.
@@ -56,7 +59,8 @@ func watchEntries(t *testing.T, c *cluster) *entryWatcher {
 			if json.Unmarshal(u.Value(), &e) != nil {
 				continue
 			}
-			r := entryRev{rev: u.Revision(), key: u.Key(), owner: e.Owner, epoch: e.LeaseEpoch, committed: e.CommittedSeq, at: time.Now()}
+			r := entryRev{rev: u.Revision(), key: u.Key(), owner: e.Owner, epoch: e.LeaseEpoch, committed: e.CommittedSeq, at: time.Now(),
+				suspended: e.Suspended, resumePending: e.ResumePending, interrupted: e.InterruptedTurns}
 			if e.Turn != nil {
 				r.turn = e.Turn.ID
 			}
