@@ -92,29 +92,13 @@ func TestResumedRetryNotInterruptedByItsOwnRange(t *testing.T) {
 	lane, _ := f.post("narrow", "a\n!sleep 2s", "n1")
 	_, sb := f.post("narrow", "b", "n2")
 
-	nc := f.srv.Connect(t)
-	js := natstest.JetStream(t, nc)
-	w, err := worker.New(nc, js, f.res, worker.Config{ID: "cut", Names: f.names, Backend: echo.Backend(echo.Options{}),
-		LeaseTTL: testTTL, LeaseMargin: 500 * time.Millisecond, Linger: 5 * time.Second, DrainTimeout: 300 * time.Millisecond,
-		Reset: session.ResetConfig{Default: session.ResetPolicy{Mode: session.ResetNone}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
+	_, stop := f.startStoppable("cut", mods(noReset, func(c *worker.Config) {
+		c.Linger, c.DrainTimeout = 5*time.Second, 300*time.Millisecond
+	}))
 	if turn := f.waitTurn(lane, sb); turn.FirstSeq == turn.LastSeq {
 		t.Fatalf("the first turn covers %d..%d, want both messages", turn.FirstSeq, turn.LastSeq)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("worker did not stop")
-	}
+	stop()
 	if e := f.entry(lane); e.Turn == nil || e.CommittedSeq >= sb {
 		t.Fatalf("after the drain: turn %+v committed %d; want the cut turn kept", e.Turn, e.CommittedSeq)
 	}

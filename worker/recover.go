@@ -161,14 +161,10 @@ func (l *lane) recoverTurn() bool {
 	if l.entry.ResumePending && (l.entry.ResumeReason == ResumeRestartTimeout || l.entry.ResumeReason == ResumeShutdownTimeout) {
 		reason = l.entry.ResumeReason
 	}
-	// The first attempt always counts; a resumed one only if its agent had
-	// started: an attempt that gave up earlier (store writes failing, e.g.
-	// while the cluster recovers from a lost node) was not interrupted
-	// while running, and a store hiccup must not dead-letter a message.
-	interrupted := l.entry.InterruptedTurns
-	if t.Attempt <= 1 || t.AgentStarted >= t.Attempt {
-		interrupted++
-	} else {
+	// A store hiccup (e.g. while the cluster recovers from a lost node) must
+	// not dead-letter a message: see interruptedCount.
+	interrupted := l.interruptedCount(t)
+	if interrupted == l.entry.InterruptedTurns {
 		l.log.Info("previous attempt ended before its agent ran; not counted", "turn", t.ID, "attempt", t.Attempt, "interrupted_turns", interrupted)
 	}
 	if interrupted >= MaxInterruptedTurns {
@@ -202,24 +198,9 @@ func (l *lane) recoverTurn() bool {
 	if len(msgs) > 1 {
 		msgs = msgs[:1]
 	}
-	t.Owner = w.owner
-	t.Epoch = l.lease.Epoch
 	t.Notes = append(keepNonResume(t.Notes), resumeNote(reason))
-	err = l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
-		if e.Turn == nil || e.Turn.ID != t.ID {
-			return nil, errNoChange
-		}
-		e.Turn = t
-		e.InterruptedTurns = interrupted
-		e.MarkResumePending(reason, w.cfg.Now())
-		return e, nil
-	}, true)
-	if err != nil {
-		if err == errNoChange {
-			return true
-		}
-		l.log.Warn("record recovery", "err", err)
-		return false
+	if done, ok := l.recordAttempt(t, interrupted, func(e *session.SessionEntry) { e.MarkResumePending(reason, w.cfg.Now()) }); done {
+		return ok
 	}
 	l.log.Info("resuming interrupted turn", "turn", t.ID, "attempt", t.Attempt, "reason", reason, "interrupted_turns", interrupted)
 	w.event("resume", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "attempt": t.Attempt, "reason": reason})
@@ -233,16 +214,36 @@ func (l *lane) recoverTurn() bool {
 // attempts count, and at MaxInterruptedTurns the /retry is dead-lettered
 // and the lane suspended, as a message turn's would be.
 func (l *lane) recoverRetry(st *txState, t *session.TurnIntent, msgs []inboxMsg, src session.SessionSource) bool {
-	w := l.w
-	interrupted := l.entry.InterruptedTurns
-	if t.Attempt <= 1 || t.AgentStarted >= t.Attempt {
-		interrupted++
-	}
+	interrupted := l.interruptedCount(t)
 	if interrupted >= MaxInterruptedTurns {
 		return l.deadLetter(st, t, msgs, src, interrupted)
 	}
 	t.Attempt++
-	t.Owner = w.owner
+	if done, ok := l.recordAttempt(t, interrupted, nil); done {
+		return ok
+	}
+	l.log.Info("resuming interrupted /retry", "turn", t.ID, "attempt", t.Attempt, "interrupted_turns", interrupted)
+	return l.runCommandIntent(t, msgs)
+}
+
+// interruptedCount is the lane's interrupted-turn count with t's last
+// attempt counted: the first attempt always counts; a resumed one only if
+// its agent had started (an attempt that gave up earlier, its store writes
+// failing, was not interrupted while running).
+func (l *lane) interruptedCount(t *session.TurnIntent) int {
+	n := l.entry.InterruptedTurns
+	if t.Attempt <= 1 || t.AgentStarted >= t.Attempt {
+		n++
+	}
+	return n
+}
+
+// recordAttempt records t (its next attempt, owned by this worker) and the
+// interrupted count in the entry, with also (when set) applied. done tells
+// the caller to return ok: the turn was no longer there (nothing to do) or
+// the write failed.
+func (l *lane) recordAttempt(t *session.TurnIntent, interrupted int, also func(*session.SessionEntry)) (done, ok bool) {
+	t.Owner = l.w.owner
 	t.Epoch = l.lease.Epoch
 	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 		if e.Turn == nil || e.Turn.ID != t.ID {
@@ -250,17 +251,19 @@ func (l *lane) recoverRetry(st *txState, t *session.TurnIntent, msgs []inboxMsg,
 		}
 		e.Turn = t
 		e.InterruptedTurns = interrupted
+		if also != nil {
+			also(e)
+		}
 		return e, nil
 	}, true)
-	if err != nil {
-		if err == errNoChange {
-			return true
-		}
+	switch {
+	case err == errNoChange:
+		return true, true
+	case err != nil:
 		l.log.Warn("record recovery", "err", err)
-		return false
+		return true, false
 	}
-	l.log.Info("resuming interrupted /retry", "turn", t.ID, "attempt", t.Attempt, "interrupted_turns", interrupted)
-	return l.runCommandIntent(t, msgs)
+	return false, false
 }
 
 func keepNonResume(notes []string) []string {
