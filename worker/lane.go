@@ -314,6 +314,7 @@ func (l *lane) run() {
 		var held *kv.HeldError
 		if errors.As(err, &held) {
 			// Wake-up step 2: another worker owns the lane.
+			l.w.stats.HeldElsewhere.Add(1)
 			l.w.heldElsewhere.Store(l.lane, time.Now().Add(500*time.Millisecond))
 			delay := time.Duration(-1)
 			if l.entry != nil && l.entry.Turn != nil {

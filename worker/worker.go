@@ -62,6 +62,10 @@ type Stats struct {
 	Recoveries  atomic.Int64
 	DeadLetters atomic.Int64
 	Redelivered atomic.Int64
+	// HeldElsewhere counts deliveries handed back because another worker
+	// held the lane's lease (as the server judged it, or as this worker saw
+	// it a moment before).
+	HeldElsewhere atomic.Int64
 	// Sweeps counts the expiry sweeps this worker ran as the watcher's
 	// leader.
 	Sweeps atomic.Int64
@@ -264,6 +268,7 @@ func (w *Worker) dispatch(msg jetstream.Msg) {
 	// delivery back without a round trip (its owner reads the lane itself).
 	if v, ok := w.heldElsewhere.Load(laneTok); ok && msg.Headers().Get(broker.HdrKind) != KindInternalHeader {
 		if time.Now().Before(v.(time.Time)) {
+			w.stats.HeldElsewhere.Add(1)
 			_ = msg.NakWithDelay(time.Second)
 			return
 		}
