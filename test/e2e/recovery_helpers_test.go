@@ -270,6 +270,49 @@ func (l *loadLane) asChaosLane() *chaosLane {
 // loadGen makes the text of message n of lane i.
 type loadGen func(rng *rand.Rand, lane, n int) string
 
+// openLoop posts to lanes until stop is closed, each message maxGap or less
+// after the previous one, without waiting for replies, so messages queue up
+// on a lane (as the chaos driver does). wait blocks until every lane posted
+// its last message; the replies are checked afterwards (checkChaosLane).
+// Nothing here calls t.Fatal: problems are recorded in the lane's err.
+func (c *cluster) openLoop(ctx context.Context, stop <-chan struct{}, lanes []*loadLane, seed uint64,
+	maxGap time.Duration, gen loadGen) (wait func()) {
+	var wg sync.WaitGroup
+	for i, l := range lanes {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(seed, 1000+uint64(i)))
+			for n := 0; ; n++ {
+				text := gen(rng, i, n)
+				a, err := c.tryPostCtx(ctx, l.chat, text, "")
+				if err != nil {
+					if ctx.Err() == nil {
+						l.err = err
+					}
+					return
+				}
+				if l.key == "" {
+					l.key = a.SessionKey
+				} else if l.key != a.SessionKey {
+					l.err = fmt.Errorf("%s: session key %s, then %s", l.chat, l.key, a.SessionKey)
+					return
+				}
+				l.msgs = append(l.msgs, loadMsg{seq: a.Seq, text: text, accepted: time.Now()})
+				gap := time.NewTimer(time.Duration(rng.Int64N(int64(maxGap))))
+				select {
+				case <-stop:
+					gap.Stop()
+					return
+				case <-ctx.Done():
+					gap.Stop()
+					return
+				case <-gap.C:
+				}
+			}
+		})
+	}
+	return wg.Wait
+}
+
 // closedLoop drives lanes until stop is closed; wait blocks until every lane
 // has had the reply of its last message (or gave up on it after
 // replyTimeout). Nothing here calls t.Fatal: problems are recorded in the

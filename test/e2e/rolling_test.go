@@ -64,12 +64,27 @@ func TestRollingRestart(t *testing.T) {
 		}
 		return text
 	})
+	// A few lanes also get bursts (open loop, as the chaos driver posts):
+	// their messages queue up, so handovers happen with messages waiting,
+	// and "in order" is tested where it can go wrong.
+	bursts := make([]*loadLane, 3)
+	for i := range bursts {
+		bursts[i] = &loadLane{chat: fmt.Sprintf("roll-burst-%d", i)}
+	}
+	waitBursts := c.openLoop(ctx, stop, bursts, seed, 400*time.Millisecond, func(rng *rand.Rand, i, n int) string {
+		text := fmt.Sprintf("B%d m%03d", i, n)
+		if rng.IntN(100) < 40 {
+			text += fmt.Sprintf("\n!sleep %dms", 100+rng.IntN(600))
+		}
+		return text
+	})
 	stopped := false
 	stopLoad := func() {
 		if !stopped {
 			stopped = true
 			close(stop)
 			wait()
+			waitBursts()
 		}
 	}
 	defer stopLoad()
@@ -215,7 +230,7 @@ func TestRollingRestart(t *testing.T) {
 
 	stopLoad()
 	settleStart := time.Now()
-	c.waitSettled(slices.Concat(load, probes), 90*time.Second)
+	c.waitSettled(slices.Concat(load, probes, bursts), 90*time.Second)
 	t.Logf("settled %v after the load stopped", time.Since(settleStart).Round(time.Millisecond))
 
 	events := c.turnEvents()
@@ -229,7 +244,7 @@ func TestRollingRestart(t *testing.T) {
 	}
 	statuses := map[string]int{}
 	total := 0
-	for _, l := range slices.Concat(load, probes) {
+	for _, l := range slices.Concat(load, probes, bursts) {
 		if l.err != nil {
 			t.Errorf("load: %v", l.err)
 		}
