@@ -82,6 +82,10 @@ func TestRollingRestart(t *testing.T) {
 	stopLoad := func() {
 		if !stopped {
 			stopped = true
+			if t.Failed() {
+				// Do not wait out the reply timeouts of a failed run.
+				cancel()
+			}
 			close(stop)
 			wait()
 			waitBursts()
