@@ -328,10 +328,12 @@ func runBench(c *cli.Context) error {
 			o.Lanes = c.Int("handover-lanes")
 			pl.set(fmt.Sprintf("handover (%d lanes)", o.Lanes))
 			r, err := bench.Handover(ctx, o, bench.HandoverOptions{TurnSleep: c.Duration("turn-sleep"), DrainTimeout: c.Duration("drain-timeout")})
-			rep.Handover = &r
 			if err != nil {
+				// The checks did not run (or not all): no result.
 				fail(scn, err)
+				return
 			}
+			rep.Handover = &r
 		case "scale":
 			o := base
 			o.Lanes = c.Int("scale-lanes")
@@ -371,6 +373,12 @@ func writeReport(c *cli.Context, rep *bench.Report, errs []error) error {
 		svgPath = filepath.Join(filepath.Dir(c.String("out")), "bench-latency.svg")
 	}
 	wroteSVG := ""
+	if len(errs) > 0 && (svgPath != "" || c.String("out") != "") {
+		// A failed or interrupted run is no result to publish: its tables
+		// would replace good ones with partial figures.
+		fmt.Fprintf(os.Stderr, "bench: the run had errors; %s not updated\n", strings.Trim(c.String("out")+" "+svgPath, " "))
+		svgPath = ""
+	}
 	if svgPath != "" && len(rep.Throughput) > 0 {
 		if err := writeChart(svgPath, rep); err != nil {
 			errs = append(errs, err)
@@ -378,7 +386,7 @@ func writeReport(c *cli.Context, rep *bench.Report, errs []error) error {
 			wroteSVG = svgPath
 		}
 	}
-	if out := c.String("out"); out != "" {
+	if out := c.String("out"); out != "" && len(errs) == 0 {
 		rel := ""
 		if wroteSVG != "" {
 			if r, err := filepath.Rel(filepath.Dir(out), wroteSVG); err == nil {
