@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/broker"
 )
@@ -281,6 +282,46 @@ func (d *driver) run(ctx context.Context, send sendFunc, h hooks) ([]sample, tim
 		d.maxLane = max(d.maxLane, in)
 	}
 	return all, window, nil
+}
+
+// restamp makes each sample's acceptance the moment the server stored its
+// inbox message (the message's stream timestamp), the same moment for the
+// fleet and the floor whatever acknowledges the send: the fleet's HTTP 202
+// comes only after the ingress has also recorded the message id (the worker
+// is already at work by then), the floor's PubAck as soon as the message is
+// stored. The server must run on this machine (one clock): not for a remote
+// fleet.
+func restamp(ctx context.Context, inbox jetstream.Stream, samples []sample) error {
+	const workers = 16
+	var (
+		wg      sync.WaitGroup
+		next    atomic.Int64
+		errOnce sync.Once
+		first   error
+	)
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(samples) || ctx.Err() != nil {
+					return
+				}
+				s := &samples[i]
+				m, err := inbox.GetMsg(ctx, s.seq)
+				if err != nil {
+					errOnce.Do(func() { first = fmt.Errorf("bench: the stored time of inbox seq %d: %w", s.seq, err) })
+					return
+				}
+				s.accepted = m.Time
+				s.accept = s.at.Sub(m.Time)
+			}
+		})
+	}
+	wg.Wait()
+	if first == nil {
+		first = ctx.Err()
+	}
+	return first
 }
 
 // fill sets the rate and latency fields of r from the samples of a window.

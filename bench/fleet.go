@@ -283,6 +283,9 @@ func runFleet(ctx context.Context, e *env, o Options, x fleetExtra) (Result, err
 	if stopErr != nil {
 		return Result{}, stopErr
 	}
+	if err := restamp(ctx, ires.Inbox, samples); err != nil {
+		return Result{}, err
+	}
 	if err := fill(&r, d, samples, window); err != nil {
 		return Result{}, err
 	}
