@@ -1,9 +1,6 @@
 package session
 
-import (
-	"encoding/json"
-	"time"
-)
+import "time"
 
 // SessionEntry is the per-lane record stored in the sessions bucket under the
 // lane token. It carries every field and flag of the session lifecycle plus
@@ -73,19 +70,6 @@ type SessionEntry struct {
 	// DiscardedQueue counts /queue items discarded by a /new or /reset that
 	// followed them, until that command reports them.
 	DiscardedQueue int `json:"discarded_queue,omitempty"`
-}
-
-// UnmarshalJSON decodes an entry; fields missing from the record (an
-// older record) keep their zero values, except cost_status, whose default
-// is "unknown" as for a new entry.
-func (e *SessionEntry) UnmarshalJSON(data []byte) error {
-	type plain SessionEntry // without this method
-	p := plain{CostStatus: "unknown"}
-	if err := json.Unmarshal(data, &p); err != nil {
-		return err
-	}
-	*e = SessionEntry(p)
-	return nil
 }
 
 // TurnIntent is recorded in the entry (by CAS) before a turn has any side
