@@ -461,8 +461,8 @@ func TestPostMessageRejected(t *testing.T) {
 // TestPostMessageTooLargeForServer: a body within the adapter's limit whose
 // inbox message (envelope and headers included) the server would not take
 // is refused with 413, not a 503 that invites retrying for ever, and
-// nothing is published. HTML characters are stored as they are (one byte,
-// not six), so they do not inflate the message.
+// nothing is published. HTML characters count as the transcript will store
+// them (six bytes each).
 func TestPostMessageTooLargeForServer(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{maxBody: 4 << 20})
@@ -477,9 +477,12 @@ func TestPostMessageTooLargeForServer(t *testing.T) {
 		t.Fatalf("a refused message left a msgids record: %v", err)
 	}
 
-	// Just under the limit with angle brackets and ampersands: accepted and
-	// stored verbatim.
-	text = strings.Repeat("<&>", int(limit-2048)/3)
+	// Angle brackets and ampersands count six bytes each, as the
+	// transcript will store them: a text of them a third of the limit long
+	// is refused, one a seventh long is accepted and stored verbatim.
+	big3 := strings.Repeat("<&>", int(limit)/9)
+	wantError(t, b.post(t, `{"chat_id":"c1","text":"`+big3+`"}`), http.StatusRequestEntityTooLarge, "too large for the inbox")
+	text = strings.Repeat("<&>", int(limit)/21)
 	wantStatus(t, b.post(t, `{"chat_id":"c1","text":"`+text+`"}`), http.StatusAccepted)
 	var in session.Inbound
 	if err := json.Unmarshal(b.inboxMsg(t, 1).Data, &in); err != nil || in.Text != text {

@@ -1069,3 +1069,44 @@ func TestContextPromptRedaction(t *testing.T) {
 		}
 	}
 }
+
+// A message whose transcript entry would be larger than the server takes
+// (here: stored in the inbox without HTML escaping, as an older ingress
+// did, its '<' grow to six bytes in the transcript) cannot be stored by any
+// retry: the turn fails with a notice and the lane goes on, instead of
+// retrying it for ever.
+func TestMessageTooLargeForTranscriptFails(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.startWorker("w1", noReset)
+	src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: "huge", ChatType: session.ChatDM, UserID: "u-huge"}
+	key := session.BuildSessionKey(src, session.DefaultKeyOptions())
+	lane := session.LaneToken(key)
+	text := strings.Repeat("<", int(f.nc.MaxPayload())/3)
+	var buf strings.Builder
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(session.Inbound{Source: src, SessionKey: key, Kind: session.KindMessage, Text: text, ReceivedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	msg := nats.NewMsg(f.names.InboxSubject(session.Partition(f.names.Prefix(), lane), lane))
+	msg.Data = []byte(buf.String())
+	msg.Header.Set(broker.HdrSessionKey, key)
+	msg.Header.Set(broker.HdrKind, session.KindMessage)
+	ack, err := f.js.PublishMsg(t.Context(), msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := f.settled(lane, ack.Sequence)
+	if n := f.lastNotice(lane); n != wantFailure {
+		t.Fatalf("notice %q, want the failure notice", n)
+	}
+	if e.InterruptedTurns != 0 || e.Suspended {
+		t.Fatalf("interrupted_turns %d suspended %v", e.InterruptedTurns, e.Suspended)
+	}
+	_, s := f.post("huge", "after", "a1")
+	f.settled(lane, s)
+	if got := texts(f.replies(lane), session.ReplyKindReply); !slices.Equal(got, []string{"echo: after"}) {
+		t.Fatalf("replies %q", got)
+	}
+}

@@ -193,7 +193,9 @@ func (l *lane) recoverTurn() bool {
 	// Retry only the first message of the range, so a poison message
 	// dead-letters alone; the rest follow in later turns.
 	t.Attempt++
-	t.RetryFrom = max(t.RetryFrom, t.LastSeq)
+	if t.LastSeq > t.FirstSeq {
+		t.RetryFrom = max(t.RetryFrom, t.LastSeq)
+	}
 	t.LastSeq = t.FirstSeq
 	if len(msgs) > 1 {
 		msgs = msgs[:1]

@@ -152,11 +152,10 @@ func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
 		StartedAt:         now,
 	}
 	intent.Notes, intent.Notices = l.decisionNotes(dec, policy)
-	// The entry's queue depth is refreshed whenever a queue is in play (a
-	// /queue turn, or items were waiting): a plain turn of a lane that never
-	// queued anything pays no inbox scan.
+	// A /queue turn counts the items behind it (the inbox scan is paid by
+	// /queue turns only); each discard by a /new or /reset takes one off.
 	queueDepth := -1
-	if st.kind == session.KindQueue || l.entry.QueueDepth > 0 {
+	if st.kind == session.KindQueue {
 		queueDepth = l.queueDepth(intent.LastSeq)
 	}
 	if dec.Reset {
@@ -233,6 +232,11 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", intent.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
 			Content: text, InboxSeq: m.seq, TurnID: intent.ID, SenderName: m.body.Source.UserName, Timestamp: w.cfg.Now()}
 		if err := l.appendOwned(st, &e); err != nil {
+			if tooLarge(err) {
+				// No retry can store it: tell the user, commit past it,
+				// rather than retrying (uncounted) for ever.
+				return l.failTurn(st, intent, src, fmt.Errorf("user message %d is too large for the transcript: %w", m.seq, err))
+			}
 			l.log.Warn("append user entry", "err", err)
 			return false
 		}
@@ -275,10 +279,10 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 	var steerErr error // set by the agent goroutine, read after it is done
 	// Only a turn of plain messages takes steered input: a /queue item is
 	// exactly one turn, and a narrowed retry (a poison suspect) runs alone.
-	if l.busyMode() == BusySteer && intent.Kind == session.KindMessage && intent.RetryFrom == 0 {
+	if l.busyMode() == BusySteer && intent.Kind == session.KindMessage && intent.RetryFrom <= intent.LastSeq {
 		turn.Steer = func(ctx context.Context) ([]UserMessage, error) {
 			msgs, err := l.steer(ctx, st, intent)
-			if err != nil && steerErr == nil {
+			if err != nil && steerErr == nil && !errors.Is(err, errNothingSteered) {
 				steerErr = err
 			}
 			return msgs, err
@@ -327,6 +331,9 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 				Reasoning: res.Reasoning, FinishReason: nonEmpty(res.FinishReason, "stop"), TokenCount: int(res.OutputTokens),
 				TurnID: intent.ID, Timestamp: w.cfg.Now()}
 			if err := l.appendOwned(st, &e); err != nil {
+				if tooLarge(err) {
+					return l.failTurn(st, intent, src, fmt.Errorf("the agent's reply is too large for the transcript: %w", err))
+				}
 				l.log.Warn("append reply", "err", err)
 				return false
 			}
@@ -378,6 +385,17 @@ func retryHistory(h []transcript.Entry, intent *session.TurnIntent) []transcript
 		out = append(out, e)
 	}
 	return out[:len(out):len(out)]
+}
+
+// errNothingSteered marks a steer that failed before it recorded anything.
+var errNothingSteered = errors.New("no input steered")
+
+// tooLarge reports whether a write failed because the entry is larger than
+// the server takes: retrying cannot help.
+func tooLarge(err error) bool {
+	var ae *jetstream.APIError
+	return errors.Is(err, nats.ErrMaxPayload) ||
+		errors.As(err, &ae) && ae.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum
 }
 
 // failTurn commits a turn whose agent failed, telling the user. It is not
@@ -516,7 +534,14 @@ func (l *lane) checkBusy(ctx context.Context, cancel context.CancelCauseFunc, in
 	// only what lies beyond it is news.
 	seq := max(l.turnLastSeq(intent), intent.RetryFrom) + 1
 	joinable := intent.Kind == session.KindMessage && mode == BusyInterrupt
-	for i := 0; i < 256; i++ {
+	limit := 256
+	if mode == "" {
+		// The look for a /stop at the start of every turn stays short: a
+		// lane with a long backlog must not pay a long scan per turn (a
+		// /stop further back stops the turn it reaches).
+		limit = 16
+	}
+	for i := 0; i < limit; i++ {
 		if !l.mayHaveAfter(seq - 1) {
 			return
 		}
@@ -597,12 +622,6 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 // delivery at or below it.
 func (l *lane) commit(intent *session.TurnIntent, res *Result, apply func(*session.SessionEntry)) bool {
 	w := l.w
-	queueDepth := -1
-	if l.entry.QueueDepth > 0 {
-		// Items were waiting: this turn may have been one, or a /new may
-		// have discarded them.
-		queueDepth = l.queueDepth(l.turnLastSeq(intent))
-	}
 	l.pauseTag = "commit"
 	defer func() { l.pauseTag = "" }()
 	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
@@ -611,9 +630,6 @@ func (l *lane) commit(intent *session.TurnIntent, res *Result, apply func(*sessi
 		}
 		if intent.LastSeq > e.CommittedSeq {
 			e.CommittedSeq = intent.LastSeq
-		}
-		if queueDepth >= 0 {
-			e.QueueDepth = queueDepth
 		}
 		e.LastTurnID = intent.ID
 		e.Turn = nil
@@ -861,7 +877,9 @@ func (l *lane) steer(ctx context.Context, st *txState, intent *session.TurnInten
 	for len(msgs) < l.w.cfg.MaxTurnMessages {
 		m, err := l.peek(ctx, seq)
 		if err != nil {
-			return nil, err
+			// Nothing recorded yet: the turn is intact, the messages are
+			// the next turn's if the agent does not ask again.
+			return nil, fmt.Errorf("%w: %w", errNothingSteered, err)
 		}
 		if m == nil || m.kind != session.KindMessage {
 			break
