@@ -270,6 +270,26 @@ func (l *loadLane) asChaosLane() *chaosLane {
 // loadGen makes the text of message n of lane i.
 type loadGen func(rng *rand.Rand, lane, n int) string
 
+// post posts text to the lane and checks its session key stays the same.
+// It reports false (with l.err set, unless ctx ended) when the lane must
+// stop.
+func (l *loadLane) post(ctx context.Context, c *cluster, text string) (acceptResp, bool) {
+	a, err := c.tryPostCtx(ctx, l.chat, text, "")
+	if err != nil {
+		if ctx.Err() == nil {
+			l.err = err
+		}
+		return a, false
+	}
+	if l.key == "" {
+		l.key = a.SessionKey
+	} else if l.key != a.SessionKey {
+		l.err = fmt.Errorf("%s: session key %s, then %s", l.chat, l.key, a.SessionKey)
+		return a, false
+	}
+	return a, true
+}
+
 // openLoop posts to lanes until stop is closed, each message maxGap or less
 // after the previous one, without waiting for replies, so messages queue up
 // on a lane (as the chaos driver does). wait blocks until every lane posted
@@ -283,17 +303,8 @@ func (c *cluster) openLoop(ctx context.Context, stop <-chan struct{}, lanes []*l
 			rng := rand.New(rand.NewPCG(seed, 1000+uint64(i)))
 			for n := 0; ; n++ {
 				text := gen(rng, i, n)
-				a, err := c.tryPostCtx(ctx, l.chat, text, "")
-				if err != nil {
-					if ctx.Err() == nil {
-						l.err = err
-					}
-					return
-				}
-				if l.key == "" {
-					l.key = a.SessionKey
-				} else if l.key != a.SessionKey {
-					l.err = fmt.Errorf("%s: session key %s, then %s", l.chat, l.key, a.SessionKey)
+				a, ok := l.post(ctx, c, text)
+				if !ok {
 					return
 				}
 				l.msgs = append(l.msgs, loadMsg{seq: a.Seq, text: text, accepted: time.Now()})
@@ -333,17 +344,8 @@ func (c *cluster) closedLoop(ctx context.Context, stop <-chan struct{}, lanes []
 				default:
 				}
 				text := gen(rng, i, n)
-				a, err := c.tryPostCtx(ctx, l.chat, text, "")
-				if err != nil {
-					if ctx.Err() == nil {
-						l.err = err
-					}
-					return
-				}
-				if l.key == "" {
-					l.key = a.SessionKey
-				} else if l.key != a.SessionKey {
-					l.err = fmt.Errorf("%s: session key %s, then %s", l.chat, l.key, a.SessionKey)
+				a, ok := l.post(ctx, c, text)
+				if !ok {
 					return
 				}
 				m := loadMsg{seq: a.Seq, text: text, accepted: time.Now()}
