@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/agent/echo"
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
@@ -116,6 +117,17 @@ func contents(entries []transcript.Entry, role string) []string {
 	for _, e := range entries {
 		if e.Kind == transcript.KindMessage && e.Role == role {
 			out = append(out, e.Content)
+		}
+	}
+	return out
+}
+
+// historyContents is contents for an agent's history.
+func historyContents(h []agent.Message, role string) []string {
+	var out []string
+	for _, m := range h {
+		if m.Role == role {
+			out = append(out, m.Content)
 		}
 	}
 	return out
@@ -227,16 +239,16 @@ func mods(ms ...func(*worker.Config)) func(*worker.Config) {
 // agent goroutine: it must not call t.Fatal).
 type recorder struct {
 	mu      sync.Mutex
-	turns   []worker.Turn
+	turns   []agent.Turn
 	panicOn string
-	onRun   func(t *worker.Turn)
+	onRun   func(t *agent.Turn)
 	echo    *echo.Agent
 }
 
 func newRecorder() *recorder { return &recorder{echo: echo.New(echo.Options{})} }
 
-func (r *recorder) backend() worker.Backend {
-	agent := worker.AgentFunc(func(ctx context.Context, t *worker.Turn, emit worker.Emitter) (*worker.Result, error) {
+func (r *recorder) backend() agent.Backend {
+	a := agent.AgentFunc(func(ctx context.Context, t *agent.Turn, emit agent.Emitter) (*agent.Result, error) {
 		cp := *t
 		cp.History = slices.Clone(t.History)
 		cp.Messages = slices.Clone(t.Messages)
@@ -255,11 +267,11 @@ func (r *recorder) backend() worker.Backend {
 		}
 		return r.echo.Run(ctx, t, emit)
 	})
-	return worker.BackendFunc(func(string, string) (worker.Agent, error) { return agent, nil })
+	return agent.BackendFunc(func(context.Context, string, string) (agent.Agent, error) { return a, nil })
 }
 
 // turnWith returns the last recorded turn that had a message with text.
-func (r *recorder) turnWith(text string) (worker.Turn, bool) {
+func (r *recorder) turnWith(text string) (agent.Turn, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i := len(r.turns) - 1; i >= 0; i-- {
@@ -269,7 +281,7 @@ func (r *recorder) turnWith(text string) (worker.Turn, bool) {
 			}
 		}
 	}
-	return worker.Turn{}, false
+	return agent.Turn{}, false
 }
 
 // userTurns maps each effective user entry's content to its turn id.

@@ -2,10 +2,10 @@ package worker
 
 import (
 	"container/list"
-	"io"
 	"sync"
 	"time"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/transcript"
 )
 
@@ -69,7 +69,7 @@ func (t *txState) history() []transcript.Entry {
 // cacheEntry is what the agent cache keeps per (session key, session id).
 type cacheEntry struct {
 	key   string
-	agent Agent
+	agent agent.Agent
 	tx    *txState
 	used  time.Time
 	elem  *list.Element
@@ -191,8 +191,8 @@ func (c *agentCache) closeAll() {
 	}
 }
 
-func closeAgent(a Agent) {
-	if cl, ok := a.(io.Closer); ok {
-		_ = cl.Close()
+func closeAgent(a agent.Agent) {
+	if a != nil {
+		_ = a.Close()
 	}
 }

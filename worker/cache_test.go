@@ -5,12 +5,16 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/agentfleet/agentfleet/agent"
 )
 
 type closingAgent struct{ closed int }
 
-func (a *closingAgent) Run(context.Context, *Turn, Emitter) (*Result, error) { return &Result{}, nil }
-func (a *closingAgent) Close() error                                         { a.closed++; return nil }
+func (a *closingAgent) Run(context.Context, *agent.Turn, agent.Emitter) (*agent.Result, error) {
+	return &agent.Result{}, nil
+}
+func (a *closingAgent) Close() error { a.closed++; return nil }
 
 func TestAgentCacheLRUAndIdleSweep(t *testing.T) {
 	c := newAgentCache(3, time.Hour)

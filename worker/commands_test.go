@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/test/natstest"
@@ -252,7 +253,7 @@ func TestResume(t *testing.T) {
 	if !ok {
 		t.Fatal("no turn recorded for three")
 	}
-	hist := strings.Join(contents(turn.History, transcript.RoleUser), "|")
+	hist := strings.Join(historyContents(turn.History, transcript.RoleUser), "|")
 	if !strings.Contains(hist, "one") || strings.Contains(hist, "two") {
 		t.Errorf("resumed turn history users %q", hist)
 	}
@@ -290,7 +291,7 @@ func TestUndo(t *testing.T) {
 			t.Errorf("history after /undo still has %s %q", h.Role, h.Content)
 		}
 	}
-	if u := contents(turn.History, transcript.RoleUser); !slices.Contains(u, "one") {
+	if u := historyContents(turn.History, transcript.RoleUser); !slices.Contains(u, "one") {
 		t.Errorf("history users %q lost the turn before the undone one", u)
 	}
 }
@@ -323,7 +324,7 @@ func TestRetry(t *testing.T) {
 	}
 	rec.mu.Lock()
 	n := len(rec.turns)
-	var retried worker.Turn
+	var retried agent.Turn
 	if n > 0 {
 		retried = rec.turns[n-1]
 	}
@@ -346,7 +347,7 @@ func TestRetry(t *testing.T) {
 }
 
 // Turn.History is the effective transcript of the session ending with the
-// turn's own user messages (worker/agent.go).
+// turn's own user messages (agent.Turn).
 func TestTurnHistoryEndsWithOwnMessages(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
@@ -620,7 +621,7 @@ func TestIdleAutoReset(t *testing.T) {
 			rec := newRecorder()
 			var mu sync.Mutex
 			var during []*session.SessionEntry
-			rec.onRun = func(*worker.Turn) {
+			rec.onRun = func(*agent.Turn) {
 				if e, _, err := f.store.Get(context.Background(), lane); err == nil {
 					mu.Lock()
 					during = append(during, e)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
@@ -26,7 +27,7 @@ type Config struct {
 	// Names are the fleet's names. Defaults to the "fleet" prefix.
 	Names broker.Names
 	// Backend creates agents. Required.
-	Backend Backend
+	Backend agent.Backend
 	// LeaseTTL is the lane lease TTL, judged by the server. Defaults to 15s.
 	LeaseTTL time.Duration
 	// LeaseMargin is how long before its lease could expire an owner stops

@@ -114,7 +114,7 @@ func TestResumedRetryNotInterruptedByItsOwnRange(t *testing.T) {
 	if !ok {
 		t.Fatal("the successor ran no turn with a")
 	}
-	if users := contents(retry.History, transcript.RoleUser); slices.Contains(users, "b") {
+	if users := historyContents(retry.History, transcript.RoleUser); slices.Contains(users, "b") {
 		t.Fatalf("the narrowed retry of a saw b in its history: %q", users)
 	}
 	// Each user message once, in order (b's entry was written by the cut

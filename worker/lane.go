@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
@@ -83,7 +84,7 @@ type lane struct {
 	entry     *session.SessionEntry
 	rev       uint64
 	tx        map[string]*txState
-	agents    map[string]Agent
+	agents    map[string]agent.Agent
 	hints     chan struct{}
 	turnStart atomic.Int64 // monoBase nanos when the running agent call started, 0 when none
 	// opMu makes the lane's durable writes strictly sequential (the agent
@@ -112,7 +113,7 @@ func newLane(w *Worker, laneTok string) *lane {
 		signal:  make(chan struct{}, 1),
 		hints:   make(chan struct{}, 1),
 		tx:      map[string]*txState{},
-		agents:  map[string]Agent{},
+		agents:  map[string]agent.Agent{},
 	}
 }
 
@@ -628,7 +629,7 @@ func (l *lane) parkTx() {
 		l.w.cache.put(&cacheEntry{key: cacheKey(l.entry.SessionKey, sid), agent: l.agents[sid], tx: st})
 	}
 	l.tx = map[string]*txState{}
-	l.agents = map[string]Agent{}
+	l.agents = map[string]agent.Agent{}
 }
 
 // mutate applies fn to the entry as its owner (fenced by owner and epoch),

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/transcript"
@@ -217,11 +218,11 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 	crashPoint("after_notice")
 
 	// The user entries, each once (a recovered turn may have some already).
-	var users []UserMessage
+	var users []agent.UserMessage
 	for _, m := range msgs {
 		text := m.body.Text
 		if st.userSeqs[m.seq] {
-			users = append(users, UserMessage{InboxSeq: m.seq, Text: text, SenderName: m.body.Source.UserName})
+			users = append(users, agent.UserMessage{InboxSeq: m.seq, Text: text, SenderName: m.body.Source.UserName})
 			continue
 		}
 		if dup, err := l.duplicate(m); err != nil {
@@ -240,7 +241,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 			l.log.Warn("append user entry", "err", err)
 			return false
 		}
-		users = append(users, UserMessage{InboxSeq: m.seq, Text: text, SenderName: m.body.Source.UserName})
+		users = append(users, agent.UserMessage{InboxSeq: m.seq, Text: text, SenderName: m.body.Source.UserName})
 	}
 	crashPoint("after_append")
 	if len(users) == 0 {
@@ -255,7 +256,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		return l.finish(st, intent, StatusCompleted, nil, nil)
 	}
 
-	agent, err := l.agentFor(intent.SessionID)
+	a, err := l.agentFor(intent.SessionID)
 	if err != nil {
 		return l.failTurn(st, intent, src, err)
 	}
@@ -265,7 +266,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 			notes = append(notes, n)
 		}
 	}
-	turn := &Turn{
+	turn := &agent.Turn{
 		SessionKey:    l.entry.SessionKey,
 		SessionID:     intent.SessionID,
 		TurnID:        intent.ID,
@@ -273,14 +274,15 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		ContextPrompt: session.BuildContextPrompt(src, l.entry, w.cfg.Context),
 		Notes:         notes,
 		FreshReset:    l.entry.IsFreshReset,
-		History:       retryHistory(st.history(), intent),
+		Attempt:       intent.Attempt,
+		History:       historyOf(retryHistory(st.history(), intent)),
 		Messages:      users,
 	}
 	var steerErr error // set by the agent goroutine, read after it is done
 	// Only a turn of plain messages takes steered input: a /queue item is
 	// exactly one turn, and a narrowed retry (a poison suspect) runs alone.
 	if l.busyMode() == BusySteer && intent.Kind == session.KindMessage && intent.RetryFrom <= intent.LastSeq {
-		turn.Steer = func(ctx context.Context) ([]UserMessage, error) {
+		turn.Steer = func(ctx context.Context) ([]agent.UserMessage, error) {
 			msgs, err := l.steer(ctx, st, intent)
 			if err != nil && steerErr == nil && !errors.Is(err, errNothingSteered) {
 				steerErr = err
@@ -314,7 +316,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		}
 		intent.AgentStarted = intent.Attempt
 	}
-	res, runErr, stopCause := l.runAgent(agent, st, intent, turn)
+	res, runErr, stopCause := l.runAgent(a, st, intent, turn)
 	release()
 	if stopCause == nil && steerErr != nil {
 		// Recording steered input failed (store trouble or a lost lease):
@@ -354,7 +356,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		crashPoint("after_reply")
 		w.stats.Turns.Add(1)
 		return l.finish(st, intent, StatusCompleted, res, nil)
-	case errors.Is(stopCause, ErrTurnInterrupted):
+	case errors.Is(stopCause, agent.ErrTurnInterrupted):
 		return l.finish(st, intent, StatusInterrupted, nil, nil)
 	case errors.Is(stopCause, errStopped):
 		return l.finish(st, intent, StatusStopped, nil, nil)
@@ -403,7 +405,7 @@ func tooLarge(err error) bool {
 func (l *lane) failTurn(st *txState, intent *session.TurnIntent, src session.SessionSource, runErr error) bool {
 	l.w.stats.TurnsFailed.Add(1)
 	l.log.Warn("agent failed", "turn", intent.ID, "err", runErr)
-	var pe *PanicError
+	var pe *agent.PanicError
 	if errors.As(runErr, &pe) {
 		l.log.Error("agent panicked", "turn", intent.ID, "panic", pe.Value, "stack", string(pe.Stack))
 	}
@@ -417,7 +419,7 @@ func (l *lane) failTurn(st *txState, intent *session.TurnIntent, src session.Ses
 // runAgent runs the agent in its own goroutine, watching the lane for busy
 // input, a drain and the lease. It returns the agent's result and error, and
 // the cause when the turn was stopped from outside.
-func (l *lane) runAgent(agent Agent, st *txState, intent *session.TurnIntent, turn *Turn) (*Result, error, error) {
+func (l *lane) runAgent(a agent.Agent, st *txState, intent *session.TurnIntent, turn *agent.Turn) (*agent.Result, error, error) {
 	w := l.w
 	ctx, cancel := context.WithCancelCause(l.ctx)
 	defer cancel(nil)
@@ -426,7 +428,7 @@ func (l *lane) runAgent(agent Agent, st *txState, intent *session.TurnIntent, tu
 
 	em := &emitter{l: l, st: st, intent: intent}
 	type outcome struct {
-		res *Result
+		res *agent.Result
 		err error
 	}
 	done := make(chan outcome, 1)
@@ -436,11 +438,11 @@ func (l *lane) runAgent(agent Agent, st *txState, intent *session.TurnIntent, tu
 		var o outcome
 		defer func() {
 			if p := recover(); p != nil {
-				o = outcome{err: &PanicError{Value: p, Stack: debug.Stack()}}
+				o = outcome{err: &agent.PanicError{Value: p, Stack: debug.Stack()}}
 			}
 			done <- o
 		}()
-		o.res, o.err = agent.Run(ctx, turn, em)
+		o.res, o.err = a.Run(ctx, turn, em)
 	}()
 
 	mode := l.busyMode()
@@ -555,8 +557,8 @@ func (l *lane) checkBusy(ctx context.Context, cancel context.CancelCauseFunc, in
 			cancel(errStopped)
 			return
 		case m.kind == session.KindMessage && joinable:
-			*stopCause = ErrTurnInterrupted
-			cancel(ErrTurnInterrupted)
+			*stopCause = agent.ErrTurnInterrupted
+			cancel(agent.ErrTurnInterrupted)
 			return
 		case m.kind == session.KindInternal:
 			// A wake-up of the fleet's own (a handover may leave one
@@ -576,14 +578,14 @@ func (l *lane) busyMode() string {
 }
 
 // finish appends the turn_end entry and commits the turn.
-func (l *lane) finish(st *txState, intent *session.TurnIntent, status string, res *Result, apply func(*session.SessionEntry)) bool {
+func (l *lane) finish(st *txState, intent *session.TurnIntent, status string, res *agent.Result, apply func(*session.SessionEntry)) bool {
 	return l.finishThen(st, intent, status, res, apply, nil)
 }
 
 // finishThen is finish with before, when set, run after the turn_end append
 // and before the commit, always (also when the append failed); an error
 // from it stops the commit.
-func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string, res *Result, apply func(*session.SessionEntry), before func() error) bool {
+func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string, res *agent.Result, apply func(*session.SessionEntry), before func() error) bool {
 	endID := intent.ID + ":end"
 	var appendErr error
 	if !st.ids[endID] {
@@ -620,7 +622,7 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 
 // commit moves committed_seq past the turn in one CAS, then acks every held
 // delivery at or below it.
-func (l *lane) commit(intent *session.TurnIntent, res *Result, apply func(*session.SessionEntry)) bool {
+func (l *lane) commit(intent *session.TurnIntent, res *agent.Result, apply func(*session.SessionEntry)) bool {
 	w := l.w
 	l.pauseTag = "commit"
 	defer func() { l.pauseTag = "" }()
@@ -741,11 +743,11 @@ func (l *lane) closeOld(intent *session.TurnIntent) error {
 }
 
 // agentFor returns the cached agent of a session, or a new one.
-func (l *lane) agentFor(sid string) (Agent, error) {
+func (l *lane) agentFor(sid string) (agent.Agent, error) {
 	if a := l.agents[sid]; a != nil {
 		return a, nil
 	}
-	a, err := l.w.cfg.Backend.NewAgent(l.entry.SessionKey, sid)
+	a, err := l.w.cfg.Backend.NewAgent(l.ctx, l.entry.SessionKey, sid)
 	if err != nil {
 		return nil, err
 	}
@@ -774,11 +776,11 @@ func (e *emitter) nextID() string {
 	return fmt.Sprintf("%s:a%d:e%d", e.intent.ID, e.intent.Attempt, e.n)
 }
 
-func (e *emitter) ToolCall(ctx context.Context, call transcript.ToolCall) error {
+func (e *emitter) ToolCall(ctx context.Context, call agent.ToolCall) error {
 	if err := ctx.Err(); err != nil {
 		return context.Cause(ctx)
 	}
-	en := transcript.Entry{ID: e.nextID(), Kind: transcript.KindMessage, Role: "assistant", ToolCalls: []transcript.ToolCall{call},
+	en := transcript.Entry{ID: e.nextID(), Kind: transcript.KindMessage, Role: "assistant", ToolCalls: []transcript.ToolCall{{ID: call.ID, Name: call.Name, Arguments: call.Arguments}},
 		TurnID: e.intent.ID, Timestamp: e.l.w.cfg.Now()}
 	return e.fail(e.l.appendOwned(e.st, &en))
 }
@@ -871,7 +873,7 @@ func (l *lane) turnLastSeq(intent *session.TurnIntent) uint64 {
 // steer records the plain messages that arrived after the running turn's
 // range into the turn (CAS turn.last_seq, then their user entries) and hands
 // them to the agent.
-func (l *lane) steer(ctx context.Context, st *txState, intent *session.TurnIntent) ([]UserMessage, error) {
+func (l *lane) steer(ctx context.Context, st *txState, intent *session.TurnIntent) ([]agent.UserMessage, error) {
 	var msgs []inboxMsg
 	seq := l.turnLastSeq(intent) + 1
 	for len(msgs) < l.w.cfg.MaxTurnMessages {
@@ -905,7 +907,7 @@ func (l *lane) steer(ctx context.Context, st *txState, intent *session.TurnInten
 	l.opMu.Lock()
 	intent.LastSeq = last
 	l.opMu.Unlock()
-	var out []UserMessage
+	var out []agent.UserMessage
 	for _, m := range msgs {
 		if !st.userSeqs[m.seq] {
 			if dup, err := l.duplicate(m); err != nil {
@@ -919,7 +921,7 @@ func (l *lane) steer(ctx context.Context, st *txState, intent *session.TurnInten
 				return nil, err
 			}
 		}
-		out = append(out, UserMessage{InboxSeq: m.seq, Text: m.body.Text, SenderName: m.body.Source.UserName})
+		out = append(out, agent.UserMessage{InboxSeq: m.seq, Text: m.body.Text, SenderName: m.body.Source.UserName})
 	}
 	return out, nil
 }

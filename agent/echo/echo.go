@@ -18,8 +18,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/agentfleet/agentfleet/transcript"
-	"github.com/agentfleet/agentfleet/worker"
+	"github.com/agentfleet/agentfleet/agent"
 )
 
 // Options configure the echo agent.
@@ -36,7 +35,7 @@ type Agent struct {
 	opts Options
 }
 
-var _ worker.Agent = (*Agent)(nil)
+var _ agent.Agent = (*Agent)(nil)
 
 // New returns an echo agent.
 func New(opts Options) *Agent {
@@ -46,17 +45,20 @@ func New(opts Options) *Agent {
 	return &Agent{opts: opts}
 }
 
-// Backend returns a worker.Backend that hands out the same echo agent.
-func Backend(opts Options) worker.Backend {
+// Backend returns an agent.Backend that hands out the same echo agent.
+func Backend(opts Options) agent.Backend {
 	a := New(opts)
-	return worker.BackendFunc(func(string, string) (worker.Agent, error) { return a, nil })
+	return agent.BackendFunc(func(context.Context, string, string) (agent.Agent, error) { return a, nil })
 }
+
+// Close does nothing: the echo agent holds nothing.
+func (a *Agent) Close() error { return nil }
 
 // ErrFail is returned by the !fail directive.
 var ErrFail = errors.New("echo: !fail directive")
 
-// Run implements worker.Agent.
-func (a *Agent) Run(ctx context.Context, t *worker.Turn, emit worker.Emitter) (*worker.Result, error) {
+// Run implements agent.Agent.
+func (a *Agent) Run(ctx context.Context, t *agent.Turn, emit agent.Emitter) (*agent.Result, error) {
 	var texts, steeredTexts []string
 	showNotes := false
 	for _, m := range t.Messages {
@@ -89,7 +91,7 @@ func (a *Agent) Run(ctx context.Context, t *worker.Turn, emit worker.Emitter) (*
 				}
 				for i := 1; i <= n; i++ {
 					id := fmt.Sprintf("%s-call-%d", t.TurnID, i)
-					if err := emit.ToolCall(ctx, transcript.ToolCall{ID: id, Name: "echo_tool", Arguments: fmt.Sprintf(`{"i":%d}`, i)}); err != nil {
+					if err := emit.ToolCall(ctx, agent.ToolCall{ID: id, Name: "echo_tool", Arguments: fmt.Sprintf(`{"i":%d}`, i)}); err != nil {
 						return nil, err
 					}
 					if err := emit.ToolResult(ctx, id, "echo_tool", fmt.Sprintf("result %d", i)); err != nil {
@@ -121,12 +123,12 @@ func (a *Agent) Run(ctx context.Context, t *worker.Turn, emit worker.Emitter) (*
 			reply += "\nnote: " + n
 		}
 	}
-	return &worker.Result{Text: reply, FinishReason: "stop", InputTokens: int64(len(texts)), OutputTokens: 1}, nil
+	return &agent.Result{Text: reply, FinishReason: "stop", InputTokens: int64(len(texts)), OutputTokens: 1}, nil
 }
 
 // sleep waits d, stopping at once when ctx is cancelled. In steer mode it
 // takes the messages that arrive meanwhile and returns them.
-func sleep(ctx context.Context, d time.Duration, steer func(context.Context) ([]worker.UserMessage, error)) ([]worker.UserMessage, error) {
+func sleep(ctx context.Context, d time.Duration, steer func(context.Context) ([]agent.UserMessage, error)) ([]agent.UserMessage, error) {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	var poll <-chan time.Time
@@ -135,7 +137,7 @@ func sleep(ctx context.Context, d time.Duration, steer func(context.Context) ([]
 		defer tk.Stop()
 		poll = tk.C
 	}
-	var got []worker.UserMessage
+	var got []agent.UserMessage
 	for {
 		select {
 		case <-ctx.Done():

@@ -18,7 +18,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/urfave/cli/v2"
 
-	"github.com/agentfleet/agentfleet/agent/echo"
+	"github.com/agentfleet/agentfleet"
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/config"
 	"github.com/agentfleet/agentfleet/ingress"
@@ -113,15 +114,15 @@ func (rt *runtime) close() {
 	}
 }
 
-func backend(cfg config.Config, allowCrash bool) (worker.Backend, error) {
-	switch cfg.Agent.Name {
-	case "", "echo":
-		return echo.Backend(echo.Options{AllowCrash: allowCrash || cfg.Agent.AllowCrash}), nil
+// backend builds the configured agent backend from the registry.
+func backend(ctx context.Context, cfg config.Config, allowCrash bool, log *slog.Logger) (agent.Backend, error) {
+	if allowCrash {
+		cfg.Agent.AllowCrash = true
 	}
-	return nil, fmt.Errorf("agent %q: unknown agent backend (available: echo)", cfg.Agent.Name)
+	return agentfleet.DefaultBackends().New(ctx, cfg, log)
 }
 
-func (rt *runtime) workerConfig(id string, b worker.Backend, restart bool) worker.Config {
+func (rt *runtime) workerConfig(id string, b agent.Backend, restart bool) worker.Config {
 	c := rt.cfg
 	var wa *session.WhatsAppResolver
 	if c.WhatsApp.MappingDir != "" {
@@ -147,7 +148,7 @@ func (rt *runtime) workerConfig(id string, b worker.Backend, restart bool) worke
 }
 
 // startWorkers runs n workers, each on its own connection.
-func (rt *runtime) startWorkers(ctx context.Context, n int, id string, b worker.Backend, restart bool, wg *sync.WaitGroup, errs chan<- error) error {
+func (rt *runtime) startWorkers(ctx context.Context, n int, id string, b agent.Backend, restart bool, wg *sync.WaitGroup, errs chan<- error) error {
 	if n < 1 {
 		return fmt.Errorf("--workers %d: want at least 1", n)
 	}
@@ -272,10 +273,11 @@ func upCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			b, err := backend(cfg, c.Bool("allow-crash"))
+			b, err := backend(c.Context, cfg, c.Bool("allow-crash"), log)
 			if err != nil {
 				return err
 			}
+			defer b.Close() // after the workers stopped: waitRoles waits for them
 			srv, err := broker.StartServer(broker.ServerConfig{DataDir: cfg.Embedded.DataDir, Listen: cfg.Embedded.Listen, Sync: cfg.Embedded.Sync})
 			if err != nil {
 				return err
@@ -404,10 +406,11 @@ func workerCommand() *cli.Command {
 				return err
 			}
 			defer rt.close()
-			b, err := backend(cfg, c.Bool("allow-crash"))
+			b, err := backend(c.Context, cfg, c.Bool("allow-crash"), log)
 			if err != nil {
 				return err
 			}
+			defer b.Close() // after the workers stopped: waitRoles waits for them
 			ctx, stop := signalContext(log)
 			defer stop()
 			var wg sync.WaitGroup

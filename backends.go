@@ -1,0 +1,64 @@
+package agentfleet
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/agent/echo"
+	"github.com/agentfleet/agentfleet/config"
+)
+
+// BackendFactory builds an agent backend from the fleet's configuration
+// (the agent.* settings). log is for the backend's own messages; it is
+// never nil. ctx bounds the construction only.
+type BackendFactory func(ctx context.Context, cfg config.Config, log *slog.Logger) (agent.Backend, error)
+
+// Backends maps backend names, the values of the agent.name setting and
+// the --agent flag, to their factories.
+type Backends map[string]BackendFactory
+
+// DefaultBackends returns the backends agentfleet ships: echo.
+func DefaultBackends() Backends {
+	return Backends{
+		"echo": newEcho,
+	}
+}
+
+// New builds the backend cfg.Agent.Name names ("echo" when empty). log may
+// be nil.
+func (b Backends) New(ctx context.Context, cfg config.Config, log *slog.Logger) (agent.Backend, error) {
+	name := cfg.Agent.Name
+	if name == "" {
+		name = "echo"
+	}
+	f := b[name]
+	if f == nil {
+		return nil, fmt.Errorf("agent %q: unknown agent backend (available: %s)", name, strings.Join(b.Names(), ", "))
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	be, err := f(ctx, cfg, log.With("agent_backend", name))
+	if err != nil {
+		return nil, fmt.Errorf("agent %q: %w", name, err)
+	}
+	return be, nil
+}
+
+// Names returns the registered names, sorted.
+func (b Backends) Names() []string {
+	names := make([]string, 0, len(b))
+	for n := range b {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+func newEcho(_ context.Context, cfg config.Config, _ *slog.Logger) (agent.Backend, error) {
+	return echo.Backend(echo.Options{AllowCrash: cfg.Agent.AllowCrash}), nil
+}
