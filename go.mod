@@ -3,6 +3,7 @@ module github.com/agentfleet/agentfleet
 go 1.26.0
 
 require (
+	github.com/cenkalti/backoff/v5 v5.0.3
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/urfave/cli/v2 v2.27.7

@@ -91,7 +91,7 @@ func Connect(cfg ConnectConfig) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w", url, err)
+		return nil, fmt.Errorf("connect to nats %s: %w", RedactURL(url), err)
 	}
 	return nc, nil
 }

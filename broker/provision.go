@@ -92,11 +92,22 @@ type Resources struct {
 
 // Provision creates or updates every stream, bucket and the workers consumer
 // of a fleet. It is idempotent and safe to run from every process at start.
+// Retryable tells whether an error it returns may go away when tried again
+// (JetStream not ready yet) or needs a change of configuration (replicas
+// above 1 on a server that is not clustered: ErrReplicasNeedCluster).
 func Provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) (*Resources, error) {
+	r, err := provision(ctx, js, pc)
+	if err != nil {
+		return nil, explainProvision(err)
+	}
+	return r, nil
+}
+
+func provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) (*Resources, error) {
 	c := pc.withDefaults()
 	n := c.Names
 	if c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5 {
-		return nil, fmt.Errorf("provision: replicas %d: want 1, 3 or 5", c.Replicas)
+		return nil, permanent(fmt.Errorf("provision: replicas %d: want 1, 3 or 5", c.Replicas))
 	}
 	r := &Resources{JS: js}
 	var err error
@@ -254,7 +265,7 @@ func AssertWorkersConsumer(ctx context.Context, cons jetstream.Consumer, leaseTT
 		errs = append(errs, fmt.Errorf("ack wait %s is below the lease ttl %s", cfg.AckWait, leaseTTL))
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("workers consumer %s: %w", cfg.Durable, errors.Join(errs...))
+		return permanent(fmt.Errorf("workers consumer %s: %w", cfg.Durable, errors.Join(errs...)))
 	}
 	return nil
 }
