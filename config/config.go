@@ -224,8 +224,9 @@ type WhatsAppConfig struct {
 // NATSConfig configures the connection to NATS.
 type NATSConfig struct {
 	// URL is the NATS server URL, or several separated by commas. Read from
-	// NATS_URL in the environment. Ignored by `agentfleet up`, which connects
-	// in-process to its embedded server.
+	// AGENTFLEET_NATS_URL in the environment or, when that is unset, from
+	// NATS_URL. Not used by `agentfleet up`, which connects in-process to its
+	// embedded server.
 	//
 	// Defaults to "nats://127.0.0.1:4222".
 	URL string `yaml:"url" json:"url"`
@@ -269,6 +270,13 @@ type NATSConfig struct {
 	//
 	// Defaults to 5s.
 	ConnectTimeout Duration `yaml:"connect_timeout" json:"connect_timeout"`
+
+	// ConnectWait is how long a process waits at start for NATS to be
+	// reachable, retrying with backoff and logging "waiting for NATS at
+	// <url>", before it exits with an error. 0 gives up at the first failure.
+	//
+	// Defaults to 1m.
+	ConnectWait Duration `yaml:"connect_wait" json:"connect_wait"`
 }
 
 // TLSConfig configures TLS to the NATS server.
@@ -330,6 +338,9 @@ func (e EmbeddedConfig) SyncOptions() (interval time.Duration, always bool) {
 	}
 	return d.Duration(), false
 }
+
+// DefaultHTTPAddr is the default http.addr: loopback only.
+const DefaultHTTPAddr = "127.0.0.1:8080"
 
 // Values of EmbeddedConfig.Sync besides an interval.
 const (
@@ -416,9 +427,10 @@ type WorkerConfig struct {
 
 // HTTPConfig configures the HTTP ingress adapter.
 type HTTPConfig struct {
-	// Addr is the host:port the HTTP server listens on.
+	// Addr is the host:port the HTTP server listens on. A non-loopback
+	// address needs Token or AllowUnauthenticated (see CheckHTTP).
 	//
-	// Defaults to ":8080".
+	// Defaults to "127.0.0.1:8080" (this machine only).
 	Addr string `yaml:"addr" json:"addr"`
 
 	// Token, when set, is the bearer token every request but /healthz and
@@ -426,6 +438,13 @@ type HTTPConfig struct {
 	//
 	// Defaults to "" (no authentication).
 	Token string `yaml:"token" json:"token"`
+
+	// AllowUnauthenticated lets the HTTP server listen on a non-loopback
+	// address with no Token (for a server behind an authenticating proxy or
+	// on a private network).
+	//
+	// Defaults to false.
+	AllowUnauthenticated bool `yaml:"allow_unauthenticated" json:"allow_unauthenticated"`
 
 	// MaxBodyBytes caps a request body. At least 1.
 	//
@@ -480,6 +499,7 @@ func Default() Config {
 			Prefix:         "fleet",
 			Replicas:       1,
 			ConnectTimeout: Duration(5 * time.Second),
+			ConnectWait:    Duration(time.Minute),
 		},
 		Embedded: EmbeddedConfig{
 			DataDir: "./data",
@@ -500,7 +520,7 @@ func Default() Config {
 			CacheIdleTTL:    Duration(time.Hour),
 		},
 		HTTP: HTTPConfig{
-			Addr:         ":8080",
+			Addr:         DefaultHTTPAddr,
 			MaxBodyBytes: 1 << 20,
 		},
 		Delivery: DeliveryConfig{

@@ -107,7 +107,7 @@ func TestDefaults(t *testing.T) {
 		{"worker.max_turn_bytes", c.Worker.MaxTurnBytes, 262144},
 		{"worker.cache_size", c.Worker.CacheSize, 128},
 		{"worker.cache_idle_ttl", c.Worker.CacheIdleTTL.Duration(), time.Hour},
-		{"http.addr", c.HTTP.Addr, ":8080"},
+		{"http.addr", c.HTTP.Addr, "127.0.0.1:8080"},
 		{"http.token", c.HTTP.Token, ""},
 		{"http.max_body_bytes", c.HTTP.MaxBodyBytes, 1048576},
 		{"delivery.backoff", c.Delivery.Backoff.Duration(), 100 * time.Millisecond},
@@ -139,7 +139,13 @@ func TestPrecedence(t *testing.T) {
 			kind: "string", path: "http.addr", env: "AGENTFLEET_HTTP_ADDR",
 			yaml: "http:\n  addr: \":7070\"\n",
 			get:  func(c config.Config) string { return c.HTTP.Addr },
-			def:  ":8080", file: ":7070", envVal: ":8081", flg: ":9090",
+			def:  "127.0.0.1:8080", file: ":7070", envVal: ":8081", flg: ":9090",
+		},
+		{
+			kind: "string (AGENTFLEET_NATS_URL)", path: "nats.url", env: "AGENTFLEET_NATS_URL",
+			yaml: "nats:\n  url: nats://file:4222\n",
+			get:  func(c config.Config) string { return c.NATS.URL },
+			def:  "nats://127.0.0.1:4222", file: "nats://file:4222", envVal: "nats://env:4222", flg: "nats://flag:4222",
 		},
 		{
 			kind: "string (NATS_URL)", path: "nats.url", env: "NATS_URL",
@@ -727,8 +733,8 @@ func TestKeys(t *testing.T) {
 		placeholder := strings.Contains(k.Path, "<")
 		switch {
 		case k.Path == "nats.url":
-			if k.Env != "NATS_URL" {
-				t.Errorf("nats.url env = %q, want NATS_URL", k.Env)
+			if k.Env != "AGENTFLEET_NATS_URL" || k.EnvFallback != "NATS_URL" {
+				t.Errorf("nats.url env = %q, fallback %q; want AGENTFLEET_NATS_URL, then NATS_URL", k.Env, k.EnvFallback)
 			}
 		case placeholder:
 			if k.Env != "" {

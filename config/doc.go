@@ -5,8 +5,9 @@
 // Every key has a documented default (see Default, the "Defaults to" line of
 // each field, and docs/configuration.md), a YAML path such as "lease.ttl",
 // and, unless it sits under a <platform> or <chat_type> map, an environment
-// variable: NATS_URL for nats.url, AGENTFLEET_<PATH> for the others
-// (AGENTFLEET_LEASE_TTL). Keys lists them all; the docs are generated from it.
+// variable AGENTFLEET_<PATH> (AGENTFLEET_LEASE_TTL); nats.url also falls
+// back to NATS_URL when AGENTFLEET_NATS_URL is unset. Keys lists them all;
+// the docs are generated from it.
 //
 // A wrong value is refused at start, naming the key and the value, and all
 // the problems are reported together:

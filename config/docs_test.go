@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/agentfleet/agentfleet/config"
 )
 
@@ -27,6 +29,9 @@ func keyTable() string {
 		env := "—"
 		if k.Env != "" {
 			env = "`" + k.Env + "`"
+		}
+		if k.EnvFallback != "" {
+			env += ", else `" + k.EnvFallback + "`"
 		}
 		def := "`" + k.Default + "`"
 		if k.Default == "" {
@@ -70,6 +75,9 @@ func TestDocs(t *testing.T) {
 		if k.Env != "" && !strings.Contains(doc, k.Env) {
 			t.Errorf("%s does not mention %s", docsPath, k.Env)
 		}
+		if k.EnvFallback != "" && !strings.Contains(doc, k.EnvFallback) {
+			t.Errorf("%s does not mention %s", docsPath, k.EnvFallback)
+		}
 	}
 }
 
@@ -99,5 +107,100 @@ func TestDocsExample(t *testing.T) {
 	}
 	if got := rc.ByPlatformChatType["slack"]["channel"]; got.Mode != "none" {
 		t.Errorf("slack channel policy = %+v, want mode none", got)
+	}
+}
+
+// yamlBlock is a fenced ```yaml block of a Markdown file.
+type yamlBlock struct {
+	file string
+	line int    // of the opening fence
+	info string // the fence's info string, "yaml" included
+	text string
+}
+
+// yamlBlocks returns the fenced blocks of path whose info string starts
+// with yaml (or yml).
+func yamlBlocks(t *testing.T, path string) []yamlBlock {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []yamlBlock
+	var cur *yamlBlock
+	var body strings.Builder
+	for i, line := range strings.Split(string(data), "\n") {
+		trimmed := strings.TrimSpace(line)
+		if cur == nil {
+			if info, ok := strings.CutPrefix(trimmed, "```"); ok {
+				f := strings.Fields(info)
+				if len(f) > 0 && (f[0] == "yaml" || f[0] == "yml") {
+					cur = &yamlBlock{file: path, line: i + 1, info: info}
+					body.Reset()
+				}
+			}
+			continue
+		}
+		if trimmed == "```" {
+			cur.text = body.String()
+			out = append(out, *cur)
+			cur = nil
+			continue
+		}
+		body.WriteString(line + "\n")
+	}
+	return out
+}
+
+// TestDocsYAMLExamples loads every YAML example of README.md and docs/*.md
+// that is an agentfleet configuration (one whose top-level keys include a
+// configuration section; a compose file, say, is left alone): each must
+// load, every key known and every value valid. Unless its fence says
+// `yaml cluster` (a configuration for separate processes on a NATS
+// cluster), it must also be one `agentfleet up --config` accepts, since that
+// is how a reader tries it first.
+func TestDocsYAMLExamples(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob("../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append([]string{"../README.md"}, files...)
+	sections := map[string]bool{}
+	for _, k := range config.Keys() {
+		top, _, _ := strings.Cut(k.Path, ".")
+		sections[top] = true
+	}
+	checked := 0
+	for _, f := range files {
+		for _, b := range yamlBlocks(t, f) {
+			var top map[string]any
+			if err := yaml.Unmarshal([]byte(b.text), &top); err != nil {
+				t.Errorf("%s:%d: the YAML example does not parse: %v", b.file, b.line, err)
+				continue
+			}
+			isConfig := false
+			for k := range top {
+				isConfig = isConfig || sections[k]
+			}
+			if !isConfig {
+				continue
+			}
+			checked++
+			c, src, err := config.LoadSourced(writeFile(t, b.text), nil, nil)
+			if err != nil {
+				t.Errorf("%s:%d: the documented configuration does not load:\n%v", b.file, b.line, err)
+				continue
+			}
+			if strings.Contains(b.info, "cluster") {
+				continue
+			}
+			if err := c.CheckUp(src); err != nil {
+				t.Errorf("%s:%d: `agentfleet up` refuses the documented configuration (fence it as ```yaml cluster if it is meant for a cluster):\n%v", b.file, b.line, err)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no YAML configuration example found in the docs")
 	}
 }

@@ -20,6 +20,9 @@ type KeyInfo struct {
 	// a <platform> or <chat_type> placeholder (set those in the file or with
 	// Set).
 	Env string
+	// EnvFallback is a second variable read when Env is unset or empty
+	// (NATS_URL for nats.url, the variable the nats tools read), or "".
+	EnvFallback string
 	// Type is string, bool, int or duration.
 	Type string
 	// Default is the built-in default as text ("inherited" for overrides).
@@ -54,6 +57,8 @@ type key struct {
 	path string // YAML path, possibly with placeholders
 	kind string
 	env  string // overrides the derived variable name
+	// envFallback is read when the variable is unset or empty.
+	envFallback string
 	def  string // overrides the default derived from Default()
 	desc string
 	// get returns the value (string, bool, int or Duration) for the
@@ -209,7 +214,7 @@ func buildKeys() []key {
 			"Directory of WhatsApp JID/LID alias mappings used to canonicalize identifiers. Empty: normalization only. Must exist when set.",
 			func(c *Config) *string { return &c.WhatsApp.MappingDir }, checkDir),
 		field("nats.url",
-			"NATS server URL, or several separated by commas (`nats://`, `tls://`, `ws://`, `wss://`). Not used by `agentfleet up`, which connects in-process.",
+			"NATS server URL, or several separated by commas (`nats://`, `tls://`, `ws://`, `wss://`). From `AGENTFLEET_NATS_URL`, else `NATS_URL` (the variable the `nats` CLI reads). Not used by `agentfleet up`, which connects in-process.",
 			func(c *Config) *string { return &c.NATS.URL }, checkNATSURL),
 		field("nats.user",
 			"User for user/password authentication.",
@@ -244,6 +249,9 @@ func buildKeys() []key {
 		field("nats.connect_timeout",
 			"Timeout of the initial connection to NATS.",
 			func(c *Config) *Duration { return &c.NATS.ConnectTimeout }, minDuration(time.Millisecond)),
+		field("nats.connect_wait",
+			"How long a process (`worker`, `ingress`, `fleetctl` within its `--timeout`) waits at start for NATS to be reachable, retrying with backoff and logging `waiting for NATS at <url>`, before it exits with an error. 0: give up at the first failure.",
+			func(c *Config) *Duration { return &c.NATS.ConnectWait }, minDuration(0)),
 		field("embedded.data_dir",
 			"JetStream file store of the embedded server (`agentfleet up`).",
 			func(c *Config) *string { return &c.Embedded.DataDir }, checkNonEmpty),
@@ -291,11 +299,14 @@ func buildKeys() []key {
 			"A cached agent unused for this long is evicted. Positive.",
 			func(c *Config) *Duration { return &c.Worker.CacheIdleTTL }, minDuration(time.Millisecond)),
 		field("http.addr",
-			"host:port of the HTTP ingress.",
+			"host:port of the HTTP ingress. The default serves this machine only; a non-loopback address (`:8080`, `0.0.0.0:8080`, a LAN address) needs `http.token`, or `http.allow_unauthenticated: true`.",
 			func(c *Config) *string { return &c.HTTP.Addr }, checkHostPort(false)),
 		field("http.token",
 			"Bearer token every HTTP request but /healthz and /readyz must carry. Empty: no authentication (secret: redacted when printed).",
 			func(c *Config) *string { return &c.HTTP.Token }, nil),
+		field("http.allow_unauthenticated",
+			"Allow `http.addr` on a non-loopback address with no `http.token` (behind an authenticating proxy, or on a private network). Without it such a start is refused.",
+			func(c *Config) *bool { return &c.HTTP.AllowUnauthenticated }, nil),
 		field("http.max_body_bytes",
 			"Largest accepted request body, in bytes. At least 1.",
 			func(c *Config) *int { return &c.HTTP.MaxBodyBytes }, minInt(1)),
@@ -311,7 +322,7 @@ func buildKeys() []key {
 	)
 	for i := range ks {
 		if ks[i].path == "nats.url" {
-			ks[i].env = "NATS_URL"
+			ks[i].envFallback = "NATS_URL"
 		}
 	}
 	return ks
@@ -476,7 +487,7 @@ func Keys() []KeyInfo {
 			v, _ := k.get(&def, nil)
 			d = formatValue(v)
 		}
-		out = append(out, KeyInfo{Path: k.path, Env: k.envVar(), Type: k.kind, Default: d, Description: k.desc})
+		out = append(out, KeyInfo{Path: k.path, Env: k.envVar(), EnvFallback: k.envFallback, Type: k.kind, Default: d, Description: k.desc})
 	}
 	return out
 }
@@ -608,6 +619,10 @@ func (c *Config) applyEnv(env func(string) (string, bool), origin map[string]str
 			continue
 		}
 		v, ok := env(name)
+		if (!ok || v == "") && k.envFallback != "" {
+			name = k.envFallback
+			v, ok = env(name)
+		}
 		if !ok || v == "" {
 			continue
 		}

@@ -16,8 +16,8 @@ import (
 // Load builds the configuration in the order default < file < environment:
 // it starts from Default, decodes the YAML file at path over it (when path is
 // not empty; a missing file is an error naming it), applies the environment
-// variables listed by Keys (NATS_URL and AGENTFLEET_*; an empty variable
-// counts as unset), sets Worker.ID to "<hostname>-<pid>" if it is still
+// variables listed by Keys (AGENTFLEET_*, and NATS_URL for nats.url when
+// AGENTFLEET_NATS_URL is unset; an empty variable counts as unset), sets Worker.ID to "<hostname>-<pid>" if it is still
 // empty, and runs Validate.
 //
 // env looks a variable up, like os.LookupEnv; nil means no environment.
@@ -42,13 +42,29 @@ type Override struct {
 // LoadWith is Load with overrides (command-line flags) applied last, over
 // the environment, before validation.
 func LoadWith(path string, env func(string) (string, bool), overrides []Override) (Config, error) {
+	c, _, err := LoadSourced(path, env, overrides)
+	return c, err
+}
+
+// Sources maps a key path ("http.addr") to where LoadSourced took its value
+// from: a file and line ("fleet.yaml:7"), an environment variable, or an
+// override's Source ("flag --http"). Keys left at their default are absent.
+type Sources map[string]string
+
+// Of returns where the value of the key at path came from, "" for a default.
+// A nil Sources knows nothing.
+func (s Sources) Of(path string) string { return s[path] }
+
+// LoadSourced is LoadWith that also says where each value came from, for
+// checks that depend on the role (CheckUp, CheckHTTP) and for printing.
+func LoadSourced(path string, env func(string) (string, bool), overrides []Override) (Config, Sources, error) {
 	c := Default()
 	origin := map[string]string{} // key path -> where its value came from
 	var errs []error
 	if path != "" {
 		fileErrs, err := c.decodeFile(path, origin)
 		if err != nil {
-			return Config{}, err
+			return Config{}, nil, err
 		}
 		errs = append(errs, fileErrs...)
 	}
@@ -78,9 +94,9 @@ func LoadWith(path string, env func(string) (string, bool), overrides []Override
 		}
 	}
 	if len(errs) > 0 {
-		return Config{}, errors.Join(errs...)
+		return Config{}, nil, errors.Join(errs...)
 	}
-	return c, nil
+	return c, origin, nil
 }
 
 // dropField removes the *FieldError of key path from errs.
