@@ -18,10 +18,14 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/agentfleet/agentfleet/bench"
+	"github.com/agentfleet/agentfleet/broker"
 )
 
-// benchStdout receives the report (tests replace it).
-var benchStdout io.Writer = os.Stdout
+// benchStdout receives the report, benchStderr the notes (tests replace them).
+var (
+	benchStdout io.Writer = os.Stdout
+	benchStderr io.Writer = os.Stderr
+)
 
 // benchScenarios are the scenarios of `agentfleet bench`, in the order they run.
 var benchScenarios = []string{"floor", "throughput", "durability", "takeover", "handover", "scale"}
@@ -47,7 +51,7 @@ latency chart; see docs/benchmarks.md.`,
 			&cli.StringFlag{Name: "lanes", Value: "1,8,64,512", Usage: "lane counts of floor, throughput and durability"},
 			&cli.DurationFlag{Name: "duration", Value: 10 * time.Second, Usage: "measured window of each throughput run"},
 			&cli.IntFlag{Name: "warmup", Value: 2, Usage: "warm-up turns per lane before the window"},
-			&cli.IntFlag{Name: "workers", Usage: "workers (default 2; 3 for takeover and handover)"},
+			&cli.IntFlag{Name: "workers", Usage: "workers", DefaultText: "2; 3 for takeover and handover"},
 			&cli.StringFlag{Name: "sync", Value: "default", Usage: "fsync policy of the embedded server: default, always or a duration"},
 			&cli.DurationFlag{Name: "lease-ttl", Value: 15 * time.Second, Usage: "lane lease TTL of the fleet (takeover's goal is TTL + 1s)"},
 			&cli.StringFlag{Name: "ingress", Value: bench.IngressHTTP, Usage: "throughput ingress: http (POST /v1/messages) or publish"},
@@ -55,18 +59,18 @@ latency chart; see docs/benchmarks.md.`,
 			&cli.BoolFlag{Name: "process-workers", Usage: "throughput: run the workers as processes of this binary, over TCP (the floor then uses TCP too)"},
 			&cli.BoolFlag{Name: "verify", Value: true, Usage: "throughput: check one reply per message and every lane committed"},
 			&cli.IntFlag{Name: "kills", Value: 5, Usage: "takeover: how many times a worker is killed"},
-			&cli.DurationFlag{Name: "kill-spread", Usage: "takeover: kill at a random moment this long after the turns start (default: the lease TTL; negative: at once)"},
+			&cli.DurationFlag{Name: "kill-spread", Usage: "takeover: kill at a random moment this long after the turns start (negative: at once)", DefaultText: "the lease TTL"},
 			&cli.IntFlag{Name: "handover-lanes", Value: 16, Usage: "handover: lanes under load"},
 			&cli.DurationFlag{Name: "turn-sleep", Value: 200 * time.Millisecond, Usage: "handover: the echo agent's delay per turn"},
-			&cli.DurationFlag{Name: "drain-timeout", Usage: "handover: the workers' restart drain timeout (default: the fleet's, 1m)"},
+			&cli.DurationFlag{Name: "drain-timeout", Usage: "handover: the workers' restart drain timeout", DefaultText: "the fleet's, 1m"},
 			&cli.StringFlag{Name: "sessions", Value: "1000,100000,1000000", Usage: "scale: session entry counts"},
 			&cli.IntFlag{Name: "scale-lanes", Value: 8, Usage: "scale: fresh lanes measured at each count"},
 			&cli.BoolFlag{Name: "sweep", Value: true, Usage: "scale: also time one expiry-watcher sweep over the entries"},
-			&cli.StringFlag{Name: "nats-url", Usage: "measure a running fleet on this NATS (floor and throughput only; needs --ingress-url)"},
+			&cli.StringFlag{Name: "nats-url", Usage: "measure a running fleet on this NATS (floor and throughput only; needs --ingress-url). NATS_URL and AGENTFLEET_NATS_URL are not read: without this flag bench runs its own servers"},
 			&cli.StringFlag{Name: "ingress-url", Usage: "the running fleet's HTTP ingress base URL, e.g. http://127.0.0.1:8080"},
 			&cli.StringFlag{Name: "prefix", Value: "fleet", Usage: "the running fleet's prefix (nats.prefix)"},
 			&cli.IntFlag{Name: "replicas", Value: 1, Usage: "replicas of the floor's temporary streams on a running NATS"},
-			&cli.StringFlag{Name: "data", Usage: "parent `DIR` of the temporary server directories (default: the system's)"},
+			&cli.StringFlag{Name: "data", Usage: "parent `DIR` of the temporary server directories, created if missing", DefaultText: "the system's temporary directory"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON document instead of tables"},
 			&cli.StringFlag{Name: "out", Usage: "update the generated sections of this Markdown `FILE` (e.g. docs/benchmarks.md)"},
 			&cli.StringFlag{Name: "svg", Usage: "write the latency chart to this `FILE` (default with --out: bench-latency.svg beside it)"},
@@ -219,6 +223,18 @@ func runBench(c *cli.Context) error {
 		return err
 	}
 	remote := c.String("nats-url") != ""
+	// A fleet's NATS in the environment is not a request to load it with
+	// benchmark traffic: only --nats-url is. Say so rather than ignore it.
+	for _, v := range []string{"AGENTFLEET_NATS_URL", "NATS_URL"} {
+		if u := os.Getenv(v); u != "" && !remote {
+			fmt.Fprintf(benchStderr, "bench: %s=%s is not used: bench runs its own embedded NATS servers; to measure the fleet there, pass --nats-url (and --ingress-url)\n", v, broker.RedactURL(u))
+		}
+	}
+	if dir := c.String("data"); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("--data: %w", err)
+		}
+	}
 	if remote {
 		if c.String("ingress-url") == "" {
 			return errors.New("--nats-url needs --ingress-url (the running fleet's HTTP ingress)")

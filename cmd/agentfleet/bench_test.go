@@ -36,17 +36,46 @@ func TestBenchFlags(t *testing.T) {
 	}
 }
 
-// TestBenchFloorJSON runs the quickest scenario end to end through the
-// command: one JSON document, and the Markdown section written.
-func TestBenchFloorJSON(t *testing.T) {
+// TestBenchHelpOneDefault: every flag of bench --help states at most one
+// default.
+func TestBenchHelpOneDefault(t *testing.T) {
 	var out bytes.Buffer
-	benchStdout = &out
-	defer func() { benchStdout = os.Stdout }()
+	app := newApp()
+	app.Writer = &out
+	if err := app.Run([]string{"agentfleet", "bench", "--help"}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "--workers") {
+		t.Fatalf("no help:\n%s", out.String())
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if strings.Count(line, "(default") > 1 {
+			t.Errorf("two defaults: %s", strings.TrimSpace(line))
+		}
+	}
+}
+
+// TestBenchFloorJSON runs the quickest scenario end to end through the
+// command: one JSON document, and the Markdown section written. --data
+// names a directory that does not exist yet: bench creates it. NATS_URL is
+// set: bench says it does not use it.
+func TestBenchFloorJSON(t *testing.T) {
+	var out, notes bytes.Buffer
+	benchStdout, benchStderr = &out, &notes
+	defer func() { benchStdout, benchStderr = os.Stdout, os.Stderr }()
+	t.Setenv("NATS_URL", "nats://someone:pw@127.0.0.1:1")
 	md := filepath.Join(t.TempDir(), "bench.md")
+	data := filepath.Join(t.TempDir(), "not", "yet")
 	err := newApp().Run([]string{"agentfleet", "bench", "--scenario", "floor", "--lanes", "2", "--duration", "300ms",
-		"--warmup", "1", "--json", "--quiet", "--out", md, "--data", t.TempDir()})
+		"--warmup", "1", "--json", "--quiet", "--out", md, "--data", data})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if fi, err := os.Stat(data); err != nil || !fi.IsDir() {
+		t.Fatalf("--data %s was not created: %v", data, err)
+	}
+	if n := notes.String(); !strings.Contains(n, "NATS_URL=nats://[redacted]@127.0.0.1:1 is not used") || strings.Contains(n, "pw") {
+		t.Fatalf("bench did not say (without the password) that it ignores NATS_URL: %q", n)
 	}
 	var rep bench.Report
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {

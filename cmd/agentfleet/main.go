@@ -37,13 +37,33 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error (telemetry.log_level)"},
 			&cli.StringFlag{Name: "log-format", Usage: "text or json (telemetry.log_format)"},
 		},
-		Commands: []*cli.Command{upCommand(), natsCommand(), workerCommand(), ingressCommand(), benchCommand()},
+		Commands: []*cli.Command{upCommand(), natsCommand(), workerCommand(), ingressCommand(), benchCommand(), configCommand()},
 	}
 }
 
 // loadConfig reads the configuration with the precedence flag > env > file >
-// default. flagKeys maps command flags to configuration paths.
+// default. flagKeys maps command flags to configuration paths; the flags of
+// natsFlags and allowUnauthenticatedFlag are mapped wherever a command has
+// them.
 func loadConfig(c *cli.Context, flagKeys map[string]string) (config.Config, error) {
+	cfg, _, err := loadConfigSourced(c, flagKeys)
+	return cfg, err
+}
+
+// natsFlags are the connection flags of the roles that connect to NATS.
+func natsFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "nats-url", Usage: "NATS server `URL`s, comma-separated (nats.url; env AGENTFLEET_NATS_URL, else NATS_URL)"},
+		&cli.StringFlag{Name: "nats-wait", Usage: "how long to wait at start for NATS to be reachable, e.g. 2m; 0 gives up at once (nats.connect_wait)", DefaultText: "1m"},
+	}
+}
+
+// allowUnauthenticatedFlag is for the roles that serve HTTP.
+var allowUnauthenticatedFlag = &cli.BoolFlag{Name: "allow-unauthenticated",
+	Usage: "serve a non-loopback --http address without http.token (http.allow_unauthenticated)"}
+
+// loadConfigSourced is loadConfig that also says where each value came from.
+func loadConfigSourced(c *cli.Context, flagKeys map[string]string) (config.Config, config.Sources, error) {
 	var overrides []config.Override
 	add := func(flag, path string) {
 		if c.IsSet(flag) {
@@ -52,10 +72,13 @@ func loadConfig(c *cli.Context, flagKeys map[string]string) (config.Config, erro
 	}
 	add("log-level", "telemetry.log_level")
 	add("log-format", "telemetry.log_format")
+	add("nats-url", "nats.url")
+	add("nats-wait", "nats.connect_wait")
+	add("allow-unauthenticated", "http.allow_unauthenticated")
 	for flag, path := range flagKeys {
 		add(flag, path)
 	}
-	return config.LoadWith(c.String("config"), os.LookupEnv, overrides)
+	return config.LoadSourced(c.String("config"), os.LookupEnv, overrides)
 }
 
 func newLogger(cfg config.Config, role string) *slog.Logger {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,5 +46,81 @@ func TestBadEnvAndFlagRefused(t *testing.T) {
 	err = newApp().Run([]string{"agentfleet", "up", "--agent", "gpt-nonexistent", "--data", t.TempDir()})
 	if err == nil || !strings.Contains(err.Error(), "gpt-nonexistent") {
 		t.Fatalf("unknown agent: %v", err)
+	}
+}
+
+// TestUpRefusesImpossibleSettings: nats.replicas 3 cannot work on up's one
+// embedded server, and an open HTTP port without a token is not served:
+// both are refused at once, together, before anything starts.
+func TestUpRefusesImpossibleSettings(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "fleet.yaml")
+	if err := os.WriteFile(cfg, []byte("nats:\n  replicas: 3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := newApp().Run([]string{"agentfleet", "--config", cfg, "up", "--data", filepath.Join(dir, "data"), "--http", ":0"})
+	if err == nil {
+		t.Fatal("up started with nats.replicas 3 and an open port without a token")
+	}
+	for _, want := range []string{"nats.replicas", cfg + ":2", "http.addr", "http.token", "flag --http"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if _, statErr := os.Stat(filepath.Join(dir, "data")); statErr == nil {
+		t.Error("the data directory was created although the configuration was refused")
+	}
+}
+
+// TestIngressBind: a non-loopback --http without a token is refused; with
+// --allow-unauthenticated (or a token) the ingress goes on to connect.
+func TestIngressBind(t *testing.T) {
+	dead := "nats://127.0.0.1:1"
+	err := newApp().Run([]string{"agentfleet", "ingress", "--http", "0.0.0.0:0", "--nats-url", dead, "--nats-wait", "0"})
+	if err == nil || !strings.Contains(err.Error(), "http.token") || !strings.Contains(err.Error(), "allow_unauthenticated") {
+		t.Fatalf("open port without a token: %v", err)
+	}
+	for _, extra := range [][]string{{"--allow-unauthenticated"}, nil} {
+		if extra == nil {
+			t.Setenv("AGENTFLEET_HTTP_TOKEN", "s3cret")
+		}
+		args := append([]string{"agentfleet", "ingress", "--http", "0.0.0.0:0", "--nats-url", dead, "--nats-wait", "0"}, extra...)
+		err := newApp().Run(args)
+		if err == nil || !strings.Contains(err.Error(), "connect to nats nats://127.0.0.1:1") {
+			t.Fatalf("%v: want the NATS connection to be tried, got %v", extra, err)
+		}
+	}
+}
+
+// TestConfigShow prints the effective configuration: values from each
+// source with the source named, secrets redacted.
+func TestConfigShow(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "fleet.yaml")
+	if err := os.WriteFile(cfg, []byte("http:\n  token: file-secret\nworker:\n  lanes: 8\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AGENTFLEET_NATS_URL", "nats://user:url-secret@127.0.0.1:4333")
+	t.Setenv("NATS_URL", "nats://ignored:4222")
+	var out bytes.Buffer
+	app := newApp()
+	app.Writer = &out
+	if err := app.Run([]string{"agentfleet", "--config", cfg, "config", "show", "--nats-wait", "7s"}); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	for _, want := range []string{
+		"url: nats://[redacted]@127.0.0.1:4333 # from AGENTFLEET_NATS_URL",
+		"token: '[redacted]' # from " + cfg + ":2",
+		"lanes: 8 # from " + cfg + ":4",
+		"connect_wait: 7s # from flag --nats-wait",
+		"turns: 16\n",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("config show lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "file-secret") || strings.Contains(s, "url-secret") || strings.Contains(s, "ignored") {
+		t.Errorf("config show leaks a secret or shows the overridden NATS_URL:\n%s", s)
 	}
 }

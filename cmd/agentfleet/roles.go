@@ -34,6 +34,16 @@ type runtime struct {
 	names broker.Names
 	srv   *server.Server // embedded server, when this process runs one
 	conns []*nats.Conn
+	// ctx bounds the wait for NATS at start (a signal ends it); nil means
+	// context.Background().
+	ctx context.Context
+}
+
+func (rt *runtime) context() context.Context {
+	if rt.ctx == nil {
+		return context.Background()
+	}
+	return rt.ctx
 }
 
 func newRuntime(cfg config.Config, log *slog.Logger) (*runtime, error) {
@@ -44,7 +54,9 @@ func newRuntime(cfg config.Config, log *slog.Logger) (*runtime, error) {
 	return &runtime{cfg: cfg, log: log, names: names}, nil
 }
 
-// connect opens a connection to the embedded server or to NATS_URL.
+// connect opens a connection to the embedded server or to nats.url; an
+// external server that cannot be reached yet is waited for, up to
+// nats.connect_wait, with a "waiting for NATS at <url>" line per retry.
 func (rt *runtime) connect(name string) (*nats.Conn, jetstream.JetStream, error) {
 	cc := broker.ConnectConfig{
 		URL: rt.cfg.NATS.URL, InProcess: rt.srv, Name: name,
@@ -58,7 +70,7 @@ func (rt *runtime) connect(name string) (*nats.Conn, jetstream.JetStream, error)
 		// (a configuration file shared with the fleet's other processes).
 		cc = broker.ConnectConfig{InProcess: rt.srv, Name: name, Timeout: rt.cfg.NATS.ConnectTimeout.Duration(), Logger: rt.log}
 	}
-	nc, err := broker.Connect(cc)
+	nc, err := broker.ConnectWait(rt.context(), cc, rt.cfg.NATS.ConnectWait.Duration())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -71,31 +83,29 @@ func (rt *runtime) connect(name string) (*nats.Conn, jetstream.JetStream, error)
 	return nc, js, nil
 }
 
+// minProvisionWait is the least time provisioning retries for: a cluster
+// that has just started may take that long to elect its meta leader.
+const minProvisionWait = 30 * time.Second
+
+// provision provisions the fleet's assets. While JetStream is not ready (a
+// cluster electing its meta leader) it retries for nats.connect_wait (at
+// least 30s); an error no retry can fix fails at once, with a hint when the
+// fix is a setting.
 func (rt *runtime) provision(ctx context.Context, js jetstream.JetStream) (*broker.Resources, error) {
-	var res *broker.Resources
-	var err error
-	// A cluster may still be electing its meta leader: retry for a while.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		res, err = broker.Provision(ctx, js, broker.ProvisionConfig{
-			Names: rt.names, Replicas: rt.cfg.NATS.Replicas, LeaseTTL: rt.cfg.Lease.TTL.Duration(),
-		})
-		if err == nil {
-			for _, w := range res.Warnings {
-				rt.log.Warn("provisioning kept an existing setting", "detail", w)
-			}
-			return res, nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return res, err
-		}
-		rt.log.Warn("provisioning failed; retrying", "err", err)
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
+	res, err := broker.ProvisionRetry(ctx, js, broker.ProvisionConfig{
+		Names: rt.names, Replicas: rt.cfg.NATS.Replicas, LeaseTTL: rt.cfg.Lease.TTL.Duration(),
+	}, max(minProvisionWait, rt.cfg.NATS.ConnectWait.Duration()), rt.log)
+	if errors.Is(err, broker.ErrReplicasNeedCluster) {
+		return nil, fmt.Errorf("nats.replicas is %d but the NATS server at %s is not part of a cluster: set nats.replicas to 1 (AGENTFLEET_NATS_REPLICAS=1), or run a 3-node cluster: %w",
+			rt.cfg.NATS.Replicas, broker.RedactURL(rt.cfg.NATS.URL), err)
 	}
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range res.Warnings {
+		rt.log.Warn("provisioning kept an existing setting", "detail", w)
+	}
+	return res, nil
 }
 
 func (rt *runtime) close() {
@@ -254,21 +264,29 @@ func upCommand() *cli.Command {
 		Usage: "run everything in one process on an embedded NATS server",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "data", Usage: "data `DIR` (embedded.data_dir)"},
-			&cli.StringFlag{Name: "http", Usage: "HTTP listen `ADDR` (http.addr)"},
+			&cli.StringFlag{Name: "http", Usage: "HTTP listen `ADDR` (http.addr)", DefaultText: config.DefaultHTTPAddr},
+			allowUnauthenticatedFlag,
 			&cli.StringFlag{Name: "nats-listen", Usage: "also open a NATS client port on `ADDR` (embedded.listen)"},
 			&cli.IntFlag{Name: "workers", Value: 2, Usage: "worker loops in this process"},
 			&cli.StringFlag{Name: "agent", Usage: "agent backend `NAME` (agent.name)"},
 			&cli.BoolFlag{Name: "allow-crash", Usage: "let the echo agent's !crash directive exit the process"},
 		},
 		Action: func(c *cli.Context) error {
-			cfg, err := loadConfig(c, map[string]string{"data": "embedded.data_dir", "http": "http.addr", "nats-listen": "embedded.listen", "agent": "agent.name"})
+			cfg, src, err := loadConfigSourced(c, map[string]string{"data": "embedded.data_dir", "http": "http.addr", "nats-listen": "embedded.listen", "agent": "agent.name"})
 			if err != nil {
+				return err
+			}
+			if err := cfg.CheckUp(src); err != nil {
 				return err
 			}
 			if c.Int("workers") < 1 {
 				return fmt.Errorf("--workers %d: want at least 1", c.Int("workers"))
 			}
 			log := newLogger(cfg, "up")
+			if from := src.Of("nats.url"); from != "" {
+				log.Warn("nats.url is not used by up: it runs its own embedded NATS server (use --nats-listen to let other processes in)",
+					"url", broker.RedactURL(cfg.NATS.URL), "from", from)
+			}
 			rt, err := newRuntime(cfg, log)
 			if err != nil {
 				return err
@@ -346,8 +364,8 @@ func natsCommand() *cli.Command {
 		Name:  "nats",
 		Usage: "run one plain NATS server node with JetStream, standalone or clustered",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:4222", Usage: "client listen `ADDR`"},
-			&cli.StringFlag{Name: "data", Value: "./data/nats", Usage: "JetStream store `DIR`"},
+			&cli.StringFlag{Name: "listen", Usage: "client listen `ADDR` (embedded.listen)", DefaultText: natsDefaultListen},
+			&cli.StringFlag{Name: "data", Usage: "JetStream store `DIR` (embedded.data_dir)", DefaultText: natsDefaultData},
 			&cli.StringFlag{Name: "name", Usage: "server name (defaults to the host name)"},
 			&cli.StringFlag{Name: "sync", Usage: "fsync policy: default, always or a duration (embedded.sync)"},
 			&cli.StringFlag{Name: "cluster-name", Usage: "cluster `NAME`"},
@@ -355,21 +373,22 @@ func natsCommand() *cli.Command {
 			&cli.StringFlag{Name: "routes", Usage: "comma-separated route `URLS` (nats-route://host:port)"},
 		},
 		Action: func(c *cli.Context) error {
-			cfg, err := loadConfig(c, map[string]string{"sync": "embedded.sync"})
+			cfg, src, err := loadConfigSourced(c, map[string]string{"sync": "embedded.sync", "listen": "embedded.listen", "data": "embedded.data_dir"})
 			if err != nil {
 				return err
 			}
+			listen, data := natsNodeAddrs(cfg, src)
 			log := newLogger(cfg, "nats")
 			var routes []string
 			if r := c.String("routes"); r != "" {
 				routes = strings.Split(r, ",")
 			}
-			srv, err := broker.StartServer(broker.ServerConfig{Name: c.String("name"), DataDir: c.String("data"), Listen: c.String("listen"),
+			srv, err := broker.StartServer(broker.ServerConfig{Name: c.String("name"), DataDir: data, Listen: listen,
 				Sync: cfg.Embedded.Sync, ClusterName: c.String("cluster-name"), ClusterListen: c.String("cluster-listen"), Routes: routes})
 			if err != nil {
 				return err
 			}
-			log.Info("nats node up", "url", srv.ClientURL(), "cluster", c.String("cluster-name"))
+			log.Info("nats node up", "url", srv.ClientURL(), "data", data, "sync", cfg.Embedded.Sync, "cluster", c.String("cluster-name"))
 			ctx, stop := signalContext(log)
 			defer stop()
 			<-ctx.Done()
@@ -381,17 +400,39 @@ func natsCommand() *cli.Command {
 	}
 }
 
+// The defaults of `agentfleet nats` where the configuration sets nothing:
+// unlike up's in-process server, a plain node always listens, and it keeps
+// its store apart from up's ./data.
+const (
+	natsDefaultListen = "127.0.0.1:4222"
+	natsDefaultData   = "./data/nats"
+)
+
+// natsNodeAddrs returns the listen address and the store of `agentfleet
+// nats`: embedded.listen and embedded.data_dir when a flag, a variable or
+// the file sets them, else the node's own defaults.
+func natsNodeAddrs(cfg config.Config, src config.Sources) (listen, data string) {
+	listen, data = cfg.Embedded.Listen, cfg.Embedded.DataDir
+	if src.Of("embedded.listen") == "" || listen == "" {
+		listen = natsDefaultListen
+	}
+	if src.Of("embedded.data_dir") == "" {
+		data = natsDefaultData
+	}
+	return listen, data
+}
+
 func workerCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "worker",
-		Usage: "run worker loops against NATS_URL",
-		Flags: []cli.Flag{
+		Usage: "run worker loops against NATS (nats.url)",
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "id", Usage: "worker `ID` (worker.id)"},
 			&cli.StringFlag{Name: "agent", Usage: "agent backend `NAME` (agent.name)"},
 			&cli.IntFlag{Name: "workers", Value: 1, Usage: "worker loops in this process"},
 			&cli.BoolFlag{Name: "allow-crash", Usage: "let the echo agent's !crash directive exit the process"},
 			&cli.BoolFlag{Name: "restart", Usage: "a graceful stop of this process is a restart (resume reason restart_timeout)"},
-		},
+		}, natsFlags()...),
 		Action: func(c *cli.Context) error {
 			if c.Int("workers") < 1 {
 				return fmt.Errorf("--workers %d: want at least 1", c.Int("workers"))
@@ -413,6 +454,7 @@ func workerCommand() *cli.Command {
 			defer b.Close() // after the workers stopped: waitRoles waits for them
 			ctx, stop := signalContext(log)
 			defer stop()
+			rt.ctx = ctx
 			var wg sync.WaitGroup
 			errs := make(chan error, 16)
 			if err := rt.startWorkers(ctx, c.Int("workers"), cfg.Worker.ID, b, c.Bool("restart"), &wg, errs); err != nil {
@@ -426,13 +468,17 @@ func workerCommand() *cli.Command {
 func ingressCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "ingress",
-		Usage: "serve the ingress adapters and run the delivery consumers against NATS_URL",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "http", Usage: "HTTP listen `ADDR` (http.addr)"},
-		},
+		Usage: "serve the ingress adapters and run the delivery consumers against NATS (nats.url)",
+		Flags: append([]cli.Flag{
+			&cli.StringFlag{Name: "http", Usage: "HTTP listen `ADDR` (http.addr)", DefaultText: config.DefaultHTTPAddr},
+			allowUnauthenticatedFlag,
+		}, natsFlags()...),
 		Action: func(c *cli.Context) error {
-			cfg, err := loadConfig(c, map[string]string{"http": "http.addr"})
+			cfg, src, err := loadConfigSourced(c, map[string]string{"http": "http.addr"})
 			if err != nil {
+				return err
+			}
+			if err := cfg.CheckHTTP(src); err != nil {
 				return err
 			}
 			log := newLogger(cfg, "ingress")
@@ -443,6 +489,7 @@ func ingressCommand() *cli.Command {
 			defer rt.close()
 			ctx, stop := signalContext(log)
 			defer stop()
+			rt.ctx = ctx
 			var wg sync.WaitGroup
 			errs := make(chan error, 16)
 			if _, err := rt.startIngress(ctx, cfg.HTTP.Addr, &wg, errs, nil); err != nil {
