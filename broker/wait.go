@@ -48,11 +48,14 @@ func ConnectWait(ctx context.Context, cfg ConnectConfig, wait time.Duration) (*n
 	if where == "" {
 		where = nats.DefaultURL
 	}
-	deadline := time.Now().Add(wait)
+	start := time.Now()
+	deadline := start.Add(wait)
 	attempts := 0
+	var last error
 	nc, err := backoff.Retry(ctx, func() (*nats.Conn, error) {
 		attempts++
 		nc, err := Connect(cfg)
+		last = err
 		if err != nil && !connectRetryable(err) {
 			return nil, backoff.Permanent(err)
 		}
@@ -71,12 +74,14 @@ func ConnectWait(ctx context.Context, cfg ConnectConfig, wait time.Duration) (*n
 		}
 		return nc, nil
 	}
-	if ctx.Err() != nil {
-		return nil, err
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return nil, err // stopped by the caller (a signal): no diagnosis
 	}
-	if connectRetryable(err) {
+	if last != nil && connectRetryable(last) {
+		// The wait ran out, or the caller's own deadline came first.
+		waited := min(wait, time.Since(start)).Round(100 * time.Millisecond)
 		return nil, fmt.Errorf("%w at %s after waiting %s (%d attempts; raise nats.connect_wait to wait longer): %w",
-			ErrNATSUnreachable, where, wait, attempts, err)
+			ErrNATSUnreachable, where, waited, attempts, last)
 	}
 	return nil, err
 }

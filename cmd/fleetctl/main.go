@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -78,18 +79,24 @@ func dial(c *cli.Context) (*client, context.Context, context.CancelFunc, error) 
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	nc, err := broker.Connect(broker.ConnectConfig{URL: cfg.NATS.URL, Name: "fleetctl", User: cfg.NATS.User, Password: cfg.NATS.Password,
+	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+	// NATS not up yet is waited for, like every role does, but never past
+	// the command's own --timeout.
+	wait := min(cfg.NATS.ConnectWait.Duration(), c.Duration("timeout"))
+	nc, err := broker.ConnectWait(ctx, broker.ConnectConfig{URL: cfg.NATS.URL, Name: "fleetctl", User: cfg.NATS.User, Password: cfg.NATS.Password,
 		Token: cfg.NATS.Token, Creds: cfg.NATS.Creds, TLSCA: cfg.NATS.TLS.CA, TLSCert: cfg.NATS.TLS.Cert, TLSKey: cfg.NATS.TLS.Key,
-		TLSInsecure: cfg.NATS.TLS.InsecureSkipVerify, Timeout: cfg.NATS.ConnectTimeout.Duration()})
+		TLSInsecure: cfg.NATS.TLS.InsecureSkipVerify, Timeout: cfg.NATS.ConnectTimeout.Duration(),
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}, wait)
 	if err != nil {
+		cancel()
 		return nil, nil, nil, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
+		cancel()
 		nc.Close()
 		return nil, nil, nil, err
 	}
-	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	res, err := openResources(ctx, js, names)
 	if err != nil {
 		cancel()
@@ -440,9 +447,15 @@ func workerCommand() *cli.Command {
 					return printJSON(c.App.Writer, map[string]any{"workers": recs})
 				}
 				w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(w, "ID\tSTATE\tLANES\tTURNS RUNNING\tTURNS\tTAKEOVERS\tHEARTBEAT\tHOST/PID\tWATCHER\tEXPIRY WAKES")
+				// A worker is shown as it appears in logs, leases and
+				// entries: its owner id, <worker id>/<incarnation>.
+				fmt.Fprintln(w, "WORKER\tSTATE\tLANES\tTURNS RUNNING\tTURNS\tTAKEOVERS\tHEARTBEAT\tHOST/PID\tWATCHER\tEXPIRY WAKES")
 				for _, r := range recs {
-					fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s/%d\t%v\t%d\n", r.ID, r.State, r.LanesOwned, r.TurnsRunning, r.Turns, r.Takeovers,
+					owner := r.Owner
+					if owner == "" {
+						owner = r.ID
+					}
+					fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s/%d\t%v\t%d\n", owner, r.State, r.LanesOwned, r.TurnsRunning, r.Turns, r.Takeovers,
 						r.HeartbeatAt.Format(time.RFC3339), r.Host, r.PID, r.Watcher, r.ExpiryWakes)
 				}
 				return w.Flush()

@@ -3,10 +3,13 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -14,6 +17,7 @@ import (
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/test/natstest"
+	"github.com/agentfleet/agentfleet/worker"
 )
 
 func runCtl(t *testing.T, args ...string) (string, error) {
@@ -143,5 +147,78 @@ func TestTranscriptUnknownSession(t *testing.T) {
 	t.Setenv("NATS_URL", srv.URL())
 	if _, err := runCtl(t, "transcript", "20260101_000000_abcdef01"); err == nil || !strings.Contains(err.Error(), "no session 20260101_000000_abcdef01") {
 		t.Fatalf("unknown session: %v", err)
+	}
+}
+
+// TestWaitsForNATS: fleetctl started before NATS waits for it (within its
+// --timeout) instead of failing at once; with nothing to wait for it fails
+// with a clear error once --timeout has passed.
+func TestWaitsForNATS(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	t.Setenv("AGENTFLEET_NATS_URL", fmt.Sprintf("nats://127.0.0.1:%d", port))
+
+	_, err = runCtl(t, "--timeout", "1s", "worker", "ls")
+	if err == nil || !strings.Contains(err.Error(), "nats not reachable at nats://127.0.0.1:") {
+		t.Fatalf("no NATS: %v", err)
+	}
+
+	// A provisioned store, served later on the port fleetctl tries (so
+	// fleetctl never sees the server before the fleet's assets exist).
+	store := t.TempDir()
+	first := natstest.RunServer(t, natstest.WithStoreDir(store))
+	nc := first.Connect(t)
+	if _, err := broker.Provision(t.Context(), natstest.JetStream(t, nc), broker.ProvisionConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	first.Shutdown()
+	first.WaitForShutdown()
+
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var out bytes.Buffer
+		err := newApp(&out).Run([]string{"fleetctl", "--timeout", "2m", "worker", "ls", "--json"})
+		done <- result{out.String(), err}
+	}()
+	natstest.RunServer(t, natstest.WithPort(port), natstest.WithStoreDir(store))
+	select {
+	case r := <-done:
+		if r.err != nil || !strings.Contains(r.out, `"workers"`) {
+			t.Fatalf("fleetctl started before NATS: %v\n%s", r.err, r.out)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("fleetctl did not finish")
+	}
+}
+
+// TestWorkerLsShowsOwner: `worker ls` names a worker the way logs, leases
+// and session entries do, <worker id>/<incarnation>.
+func TestWorkerLsShowsOwner(t *testing.T) {
+	srv := natstest.RunServer(t)
+	js := natstest.JetStream(t, srv.Connect(t))
+	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := json.Marshal(worker.WorkerRecord{ID: "host-42", Owner: "host-42/0a1b2c3d", State: worker.StateRunning, Host: "host", PID: 42, HeartbeatAt: time.Now()})
+	if _, err := res.Workers.Put(t.Context(), session.LaneToken("host-42"), rec); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NATS_URL", srv.URL())
+	out, err := runCtl(t, "worker", "ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "WORKER") || !strings.Contains(out, "host-42/0a1b2c3d ") {
+		t.Fatalf("worker ls does not show the owner id:\n%s", out)
 	}
 }
