@@ -20,6 +20,9 @@ import (
 // would leave it). The watcher's leader follows the leases bucket and wakes
 // the lane when the lease expires, long before any sweep.
 func TestLeaseExpiryWakesLane(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (waits out a lease expiry); skipped under -short")
+	}
 	f := newFleet(t)
 	ctx := t.Context()
 	lane := session.LaneToken(session.BuildSessionKey(session.SessionSource{Platform: session.PlatformHTTP, ChatID: "orphan", ChatType: session.ChatDM, UserID: "u-orphan"}, session.DefaultKeyOptions()))

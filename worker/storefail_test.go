@@ -15,6 +15,9 @@ import (
 // interrupted: the message is answered once the store is back, never
 // dead-lettered, however many attempts it took.
 func TestStoreTroubleIsNotAnInterruption(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (waits out lease expiries while the store fails); skipped under -short")
+	}
 	f := newFleet(t)
 	f.startWorker("w1", nil)
 	if err := f.js.DeleteKeyValue(t.Context(), f.names.MsgIDsBucket()); err != nil {

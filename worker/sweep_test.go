@@ -14,6 +14,9 @@ import (
 // acked by nobody that ran it) is found by the expiry watcher's sweep and
 // woken through its inbox, so its message is still answered.
 func TestSweepWakesStrandedLane(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (waits for a watcher sweep); skipped under -short")
+	}
 	f := newFleet(t)
 	// The lane exists (an earlier turn), then a message's only wake-up is lost.
 	lane, _ := f.post("stranded", "first", "s1")
