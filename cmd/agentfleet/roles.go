@@ -284,8 +284,8 @@ func upCommand() *cli.Command {
 			}
 			log := newLogger(cfg, "up")
 			if from := src.Of("nats.url"); from != "" {
-				log.Warn("nats.url is not used by up: it runs its own embedded NATS server (use --nats-listen to let other processes in)",
-					"url", broker.RedactURL(cfg.NATS.URL), "from", from)
+				log.Warn("nats.url is not used by up: it runs its own embedded NATS server, which other processes reach at embedded.listen (--nats-listen)",
+					"url", broker.RedactURL(cfg.NATS.URL), "from", from, "embedded_listen", cfg.Embedded.Listen)
 			}
 			rt, err := newRuntime(cfg, log)
 			if err != nil {
