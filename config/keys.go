@@ -59,8 +59,8 @@ type key struct {
 	env  string // overrides the derived variable name
 	// envFallback is read when the variable is unset or empty.
 	envFallback string
-	def  string // overrides the default derived from Default()
-	desc string
+	def         string // overrides the default derived from Default()
+	desc        string
 	// get returns the value (string, bool, int or Duration) for the
 	// placeholder arguments a; ok is false when an override is unset.
 	get func(c *Config, a []string) (v any, ok bool)
