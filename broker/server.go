@@ -134,13 +134,18 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded server: %w", err)
 	}
+	var fl *fatalLogger
 	if cfg.Debug {
 		s.ConfigureLogger()
+	} else {
+		fl = &fatalLogger{}
+		s.SetLoggerV2(fl, false, false, false)
 	}
 	go s.Start()
-	if !s.ReadyForConnections(30 * time.Second) {
+	if err := waitReady(s, fl, 30*time.Second); err != nil {
 		s.Shutdown()
-		return nil, errors.New("embedded server: not ready for connections after 30s")
+		s.WaitForShutdown()
+		return nil, fmt.Errorf("embedded server: %w", err)
 	}
 	return s, nil
 }

@@ -215,3 +215,22 @@ func TestRedactURL(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestStartServerPortInUse: a listen address already taken is refused at
+// once, saying so, not after waiting for a server that never gets ready.
+func TestStartServerPortInUse(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	s, err := broker.StartServer(broker.ServerConfig{DataDir: t.TempDir(), Listen: ln.Addr().String()})
+	if err == nil {
+		s.Shutdown()
+		t.Fatal("StartServer on a port in use succeeded")
+	}
+	if !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("err = %v, want the port named as in use", err)
+	}
+}
