@@ -54,7 +54,7 @@ func loadConfig(c *cli.Context, flagKeys map[string]string) (config.Config, erro
 func natsFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "nats-url", Usage: "NATS server `URL`s, comma-separated (nats.url; env AGENTFLEET_NATS_URL, else NATS_URL)"},
-		&cli.StringFlag{Name: "nats-wait", Usage: "how long to wait at start for NATS to be reachable, e.g. 2m; 0 gives up at once (nats.connect_wait)", DefaultText: "1m"},
+		&cli.StringFlag{Name: "nats-wait", Usage: "wait up to `DUR` at start for NATS to be reachable, e.g. 2m; 0 gives up at once (nats.connect_wait)", DefaultText: "1m"},
 	}
 }
 
