@@ -284,7 +284,7 @@ func upCommand() *cli.Command {
 			}
 			log := newLogger(cfg, "up")
 			if from := src.Of("nats.url"); from != "" {
-				log.Warn("nats.url is not used by up: it runs its own embedded NATS server, which other processes reach at embedded.listen (--nats-listen)",
+				log.Info("nats.url is not used by up: it runs its own embedded NATS server, which other processes reach at embedded.listen (--nats-listen)",
 					"url", broker.RedactURL(cfg.NATS.URL), "from", from, "embedded_listen", cfg.Embedded.Listen)
 			}
 			rt, err := newRuntime(cfg, log)
