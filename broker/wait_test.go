@@ -172,6 +172,18 @@ func TestProvisionReplicasOnSingleServerFailsFast(t *testing.T) {
 	if n := rec.count("provisioning failed; retrying"); n != 0 {
 		t.Fatalf("retried %d times:\n%s", n, rec.all())
 	}
+
+	// The same against a fleet already provisioned with one replica.
+	if _, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: broker.MustNames("rep1")}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = broker.ProvisionRetry(t.Context(), js, broker.ProvisionConfig{Names: broker.MustNames("rep1"), Replicas: 3}, 5*time.Minute, slog.New(rec))
+	if !errors.Is(err, broker.ErrReplicasNeedCluster) {
+		t.Fatalf("existing fleet: err = %v, want ErrReplicasNeedCluster", err)
+	}
+	if n := rec.count("provisioning failed; retrying"); n != 0 {
+		t.Fatalf("existing fleet: retried %d times:\n%s", n, rec.all())
+	}
 }
 
 func TestRetryable(t *testing.T) {
