@@ -130,13 +130,14 @@ func TestGetOrCreateSession(t *testing.T) {
 			},
 		},
 		{
-			name: "stale resume_pending with no policy keeps the session without the resume note",
+			name: "stale resume_pending with no policy keeps the session for the resume, with the note",
 			prep: func(e *session.SessionEntry) {
 				e.ResumePending = true
 				e.ResumeReason = "restart_timeout"
 				e.LastResumeMarkedAt = timePtr(t0)
 			},
 			policy: noReset, at: 2 * time.Hour,
+			wantKept: true,
 		},
 		{
 			name: "idle policy resets after idle_minutes",

@@ -236,7 +236,7 @@ type IndexRecord struct {
 	SessionKey      string    `json:"session_key"`
 	CreatedAt       time.Time `json:"created_at"`
 	ParentSessionID string    `json:"parent_session_id,omitempty"`
-	// Title is the session's title (from /new <title>), if any.
+	// Title is the session's title (from /new <title> or /title), if any.
 	Title string `json:"title,omitempty"`
 }
 
@@ -271,6 +271,44 @@ func (s *Store) LookupIndex(ctx context.Context, sessionID string) (*IndexRecord
 		return nil, err
 	}
 	return &rec, nil
+}
+
+// SetTitle sets the title of an indexed session (compare-and-set on the
+// index record, retried on a concurrent change). An empty title removes it.
+func (s *Store) SetTitle(ctx context.Context, sessionID, title string) error {
+	if !session.ValidSessionID(sessionID) {
+		return fmt.Errorf("session id %q: %w", sessionID, ErrNotFound)
+	}
+	for attempt := 0; ; attempt++ {
+		e, err := s.index.Get(ctx, sessionID)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("session id %s: %w", sessionID, ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		var rec IndexRecord
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			return err
+		}
+		if rec.Title == title {
+			return nil
+		}
+		rec.Title = title
+		data, err := json.Marshal(rec)
+		if err != nil {
+			return err
+		}
+		wctx, cancel := s.writeCtx(ctx)
+		_, err = s.index.Update(wctx, sessionID, data, e.Revision())
+		cancel()
+		if err == nil || !isConflict(err) || attempt >= 5 {
+			if err != nil {
+				return fmt.Errorf("title session %s: %w", sessionID, err)
+			}
+			return nil
+		}
+	}
 }
 
 // Lanes lists every lane that has an entry. It streams the bucket's keys and

@@ -3,7 +3,8 @@ package session
 import "slices"
 
 // Clone returns a deep copy of e: the copy shares no pointer or slice with e
-// (Origin, Turn with its Notices and Notes, LastResumeMarkedAt). Nil stays
+// (Origin, Turn with its Notices and Notes, LastResumeMarkedAt,
+// AutoResumedAt). Nil stays
 // nil, and an empty non-nil slice stays empty and non-nil. Clone of a nil
 // entry is nil.
 func (e *SessionEntry) Clone() *SessionEntry {
@@ -18,6 +19,10 @@ func (e *SessionEntry) Clone() *SessionEntry {
 	if e.LastResumeMarkedAt != nil {
 		at := *e.LastResumeMarkedAt
 		c.LastResumeMarkedAt = &at
+	}
+	if e.AutoResumedAt != nil {
+		at := *e.AutoResumedAt
+		c.AutoResumedAt = &at
 	}
 	c.Turn = e.Turn.Clone()
 	if e.RecentSessions != nil {

@@ -35,7 +35,9 @@ type Decision struct {
 //     session, KeptForResume; a stale marker falls through to the policy;
 //  4. ShouldReset says idle or daily: a new session with that reason (a
 //     lane whose entry records a turn in flight never resets);
-//  5. otherwise keep the session.
+//  5. otherwise keep the session; KeptForResume when a stale
+//     resume_pending marker is still set (the policy did not reset it, so
+//     this turn continues the interrupted work, with the resume note).
 //
 // A freshness of zero or less means DefaultResumeFreshness. newID mints
 // session ids; nil means NewSessionID(now).
@@ -49,18 +51,21 @@ func Decide(entry *SessionEntry, policy ResetPolicy, now time.Time, loc *time.Lo
 	if entry.Suspended {
 		return Decision{SessionID: newID(), Reset: true, Reason: ReasonSuspended, PreviousSessionID: entry.SessionID}
 	}
-	if entry.ResumePending && resumeFresh(entry.LastResumeMarkedAt, now, freshness) {
+	if entry.ResumePending && ResumeFresh(entry.LastResumeMarkedAt, now, freshness) {
 		return Decision{SessionID: entry.SessionID, KeptForResume: true}
 	}
 	if reason := ShouldReset(entry, policy, now, loc, entry.Turn != nil); reason != "" {
 		return Decision{SessionID: newID(), Reset: true, Reason: reason, PreviousSessionID: entry.SessionID}
 	}
-	return Decision{SessionID: entry.SessionID}
+	// A stale marker the policy did not reset: the interrupted work is
+	// still pending in this session, and this turn continues it.
+	return Decision{SessionID: entry.SessionID, KeptForResume: entry.ResumePending}
 }
 
-// resumeFresh reports whether a resume marker set at markedAt is still within
-// the freshness window at now.
-func resumeFresh(markedAt *time.Time, now time.Time, freshness time.Duration) bool {
+// ResumeFresh reports whether a resume marker set at markedAt is still within
+// the freshness window at now (a nil marker counts as fresh; a freshness of
+// zero or less means DefaultResumeFreshness).
+func ResumeFresh(markedAt *time.Time, now time.Time, freshness time.Duration) bool {
 	if markedAt == nil {
 		return true
 	}

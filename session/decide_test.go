@@ -83,9 +83,24 @@ func TestDecide(t *testing.T) {
 			want: session.Decision{SessionID: minted, Reset: true, Reason: "idle", PreviousSessionID: old},
 		},
 		{
-			name:  "stale resume_pending with no policy trigger keeps the session",
+			name:  "stale resume_pending with no policy trigger keeps the session for the resume",
 			entry: entry(func(e *session.SessionEntry) { e.ResumePending, e.LastResumeMarkedAt = true, ago(2*time.Hour) }),
-			want:  keep,
+			want:  session.Decision{SessionID: old, KeptForResume: true},
+		},
+		{
+			name:   "stale resume_pending under policy none keeps the session for the resume",
+			entry:  idleEntry(func(e *session.SessionEntry) { e.ResumePending, e.LastResumeMarkedAt = true, ago(2*time.Hour) }),
+			policy: session.ResetPolicy{Mode: session.ResetNone},
+			want:   session.Decision{SessionID: old, KeptForResume: true},
+		},
+		{
+			name: "stale resume_pending at the daily boundary resets",
+			entry: entry(func(e *session.SessionEntry) {
+				e.UpdatedAt = time.Date(2026, 6, 16, 3, 0, 0, 0, time.UTC)
+				e.ResumePending, e.LastResumeMarkedAt = true, ago(2*time.Hour)
+			}),
+			policy: session.ResetPolicy{Mode: session.ResetDaily, AtHour: 4},
+			want:   session.Decision{SessionID: minted, Reset: true, Reason: "daily", PreviousSessionID: old},
 		},
 		{
 			name:      "zero freshness means the default hour",

@@ -70,6 +70,10 @@ type SessionEntry struct {
 	// DiscardedQueue counts /queue items discarded by a /new or /reset that
 	// followed them, until that command reports them.
 	DiscardedQueue int `json:"discarded_queue,omitempty"`
+	// AutoResumedAt is the last_resume_marked_at of the resume_pending
+	// marker whose automatic resume turn has been started, so that one
+	// marker gets one automatic turn.
+	AutoResumedAt *time.Time `json:"auto_resumed_at,omitempty"`
 }
 
 // TurnIntent is recorded in the entry (by CAS) before a turn has any side

@@ -201,3 +201,22 @@ func dailyBoundaryOn(y int, m time.Month, d, atHour int, loc *time.Location) tim
 	}
 	return time.Unix(hi, 0).In(loc)
 }
+
+// NotifyReset reports whether the first turn after an automatic reset for
+// reason tells the user (seeds/session-lifecycle.md §6). No platform in
+// NotifyExcludePlatforms is ever told. A suspended reset (a /stop, or a turn
+// interrupted repeatedly) always tells the user otherwise. An idle or daily
+// reset tells the user only when the policy's notify is on and the old
+// session had any activity (reset_had_activity).
+func (c ResetConfig) NotifyReset(policy ResetPolicy, reason string, hadActivity bool, p Platform) bool {
+	if slices.Contains(c.NotifyExcludePlatforms, p) {
+		return false
+	}
+	switch reason {
+	case ReasonSuspended:
+		return true
+	case ReasonIdle, ReasonDaily:
+		return policy.Notify && hadActivity
+	}
+	return false
+}

@@ -84,6 +84,9 @@ type ResetConfig struct {
 	ByPlatform         map[Platform]ResetPolicy
 	ByChatType         map[string]ResetPolicy
 	ByPlatformChatType map[Platform]map[string]ResetPolicy
+	// NotifyExcludePlatforms get no automatic reset notice whatever their
+	// policy says (session_reset.notify_exclude_platforms). Nil: none.
+	NotifyExcludePlatforms []Platform
 }
 
 // KeyOptions are the configuration switches of session-key derivation.

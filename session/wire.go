@@ -56,13 +56,32 @@ const (
 	ReplyKindNotice = "notice"
 )
 
+// Names of the commands the fleet handles itself (Inbound.Command).
+const (
+	CmdStop   = "stop"
+	CmdNew    = "new"
+	CmdReset  = "reset"
+	CmdResume = "resume"
+	CmdUndo   = "undo"
+	CmdRetry  = "retry"
+	CmdStatus = "status"
+	CmdHelp   = "help"
+	CmdBusy   = "busy"
+	CmdTitle  = "title"
+	CmdQueue  = "queue"
+)
+
 // Commands the fleet handles itself. Any other /word is passed to the agent
 // as text.
 var commands = map[string]string{
-	"stop": "stop", "new": "new", "reset": "reset", "resume": "resume",
-	"undo": "undo", "retry": "retry", "status": "status", "busy": "busy",
-	"queue": "queue", "q": "queue",
+	"stop": CmdStop, "new": CmdNew, "reset": CmdReset, "resume": CmdResume,
+	"undo": CmdUndo, "retry": CmdRetry, "status": CmdStatus, "help": CmdHelp,
+	"busy": CmdBusy, "title": CmdTitle, "queue": CmdQueue, "q": CmdQueue,
 }
+
+// ReadOnlyCommand reports whether a command only reports (/status, /help):
+// it changes nothing, so it is answered at once even while a turn runs.
+func ReadOnlyCommand(name string) bool { return name == CmdStatus || name == CmdHelp }
 
 // Classify decides what a user text is: a plain message, a /queue item or a
 // fleet command. It returns the kind, the canonical command name and its

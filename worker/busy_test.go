@@ -345,8 +345,8 @@ func TestBusyInterruptCollectsFollowUps(t *testing.T) {
 // ---------------------------------------------------------------------------
 // Queue mode.
 
-// In queue mode the running turn finishes with its reply first; the
-// follow-ups then arrive together in the next turn.
+// In queue mode the running turn finishes, and every follow-up then gets a
+// turn of its own, in order.
 func TestBusyQueueLetsTurnFinish(t *testing.T) {
 	t.Parallel()
 	for _, how := range []string{"command", "config"} {
@@ -372,8 +372,10 @@ func TestBusyQueueLetsTurnFinish(t *testing.T) {
 			_, sb := f.send(chat, "b")
 			e := f.settled(lane, sb)
 
+			// Each follow-up keeps its own turn, FIFO, as /queue items do:
+			// queue mode never merges a burst.
 			got := texts(f.replies(lane), session.ReplyKindReply)
-			if want := []string{"echo: first", "echo: a\nb"}; !slices.Equal(got, want) {
+			if want := []string{"echo: first", "echo: a", "echo: b"}; !slices.Equal(got, want) {
 				t.Fatalf("replies %q, want %q", got, want)
 			}
 			entries := f.load(e.SessionID)
@@ -381,8 +383,8 @@ func TestBusyQueueLetsTurnFinish(t *testing.T) {
 				t.Errorf("first turn end %q, want completed", status)
 			}
 			turns := userTurns(entries)
-			if turns["a"] == first.ID || turns["a"] != turns["b"] {
-				t.Errorf("follow-ups not together in the next turn: %v", turns)
+			if turns["a"] == first.ID || turns["b"] == first.ID || turns["a"] == turns["b"] {
+				t.Errorf("follow-ups not each in a turn of its own: %v", turns)
 			}
 		})
 	}

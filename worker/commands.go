@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -24,20 +25,37 @@ func (l *lane) runCommand(m inboxMsg) bool {
 	} else if dup {
 		return l.commitSimple(m.seq)
 	}
+	if session.ReadOnlyCommand(m.body.Command) && l.entry.SessionID != "" {
+		// Answered at once while a turn ran: its answer is in the
+		// transcript; republish it (same Msg-Id) and move on.
+		st, err := l.txFor(l.entry.SessionID)
+		if err != nil {
+			return false
+		}
+		if e, ok := findEntry(st, answerID(m.seq)); ok {
+			if err := l.publishReply(st, &session.TurnIntent{ID: e.TurnID}, *e, session.ReplyKindNotice, sourceOf(l.entry, []inboxMsg{m})); err != nil {
+				return false
+			}
+			return l.commitSimple(m.seq)
+		}
+	}
 	now := w.cfg.Now()
 	intent := &session.TurnIntent{
 		ID: newID(), FirstSeq: m.seq, LastSeq: m.seq, Kind: session.KindCommand, Attempt: 1,
 		SessionID: l.entry.SessionID, Owner: w.owner, Epoch: l.lease.Epoch, StartedAt: now,
 	}
 	cmd := m.body.Command
-	reset := intent.SessionID == "" || cmd == "new" || cmd == "reset"
+	args := strings.TrimSpace(m.body.Args)
+	title, titleErr := "", error(nil)
+	if cmd == session.CmdNew && args != "" {
+		title, titleErr = session.SanitizeTitle(args)
+	}
+	// A /new whose title is refused changes nothing (unless the lane has
+	// no session yet).
+	reset := intent.SessionID == "" || cmd == session.CmdNew && titleErr == nil || cmd == session.CmdReset
 	var resumeTarget *kv.IndexRecord
-	if cmd == "resume" && strings.TrimSpace(m.body.Args) != "" {
-		target := strings.TrimSpace(m.body.Args)
-		if !session.ValidSessionID(target) {
-			// A title: the newest session of this lane's lineage that has it.
-			target = l.findTitle(target)
-		}
+	if cmd == session.CmdResume && args != "" {
+		target := l.resumeTarget(args)
 		rec, err := w.store.LookupIndex(context.WithoutCancel(l.ctx), target)
 		switch {
 		case err == nil && rec.Lane == l.lane && target != l.entry.SessionID:
@@ -69,8 +87,8 @@ func (l *lane) runCommand(m inboxMsg) bool {
 			intent.ResetReason = session.ReasonReset
 		}
 		rec := indexRecord(l.lane, l.entry.SessionKey, now, intent.PreviousSessionID)
-		if cmd == "new" {
-			rec.Title = l.nextTitle(strings.TrimSpace(m.body.Args))
+		if cmd == session.CmdNew && title != "" {
+			rec.Title = l.nextTitle(title, "")
 		}
 		if err := w.store.Index(context.WithoutCancel(l.ctx), intent.SessionID, rec); err != nil {
 			return false
@@ -111,7 +129,7 @@ func (l *lane) runCommand(m inboxMsg) bool {
 func (l *lane) runCommandIntent(intent *session.TurnIntent, msgs []inboxMsg) bool {
 	if len(msgs) == 0 {
 		// The message is gone (pruned): nothing to do but commit.
-		return l.commit(intent, nil, nil)
+		return l.commit(intent, StatusCommand, nil, nil)
 	}
 	m := msgs[0]
 	src := sourceOf(l.entry, msgs)
@@ -161,8 +179,12 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 	case "stop":
 		return "⏹ Stopped. Your next message starts a fresh session.", func(e *session.SessionEntry) { e.Suspended = true }, nil
 	case "new", "reset":
+		_, titleErr := session.SanitizeTitle(args)
+		if m.body.Command == session.CmdNew && args != "" && titleErr != nil && intent.ResetReason != session.ReasonNew {
+			return "⚠️ No new session: " + titleErr.Error() + ".", nil, nil
+		}
 		text := "✨ Started a new session (" + intent.SessionID + ")."
-		if m.body.Command == "new" && args != "" {
+		if m.body.Command == session.CmdNew && args != "" && titleErr == nil {
 			title := args
 			if rec, err := l.w.store.LookupIndex(context.WithoutCancel(l.ctx), intent.SessionID); err == nil && rec.Title != "" {
 				title = rec.Title // numbered in its lineage
@@ -193,31 +215,10 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 		default:
 			return fmt.Sprintf("Unknown busy mode %q. Use /busy interrupt|queue|steer.", args), nil, nil
 		}
-	case "status":
-		var b strings.Builder
-		fmt.Fprintf(&b, "Session %s\n", e.SessionID)
-		if !e.CreatedAt.IsZero() {
-			fmt.Fprintf(&b, "Age: %s\n", l.w.cfg.Now().Sub(e.CreatedAt).Round(time.Second))
-		}
-		fmt.Fprintf(&b, "Tokens: %d (in %d, out %d)\n", e.TotalTokens, e.InputTokens, e.OutputTokens)
-		fmt.Fprintf(&b, "Busy mode: %s\n", l.busyMode())
-		fmt.Fprintf(&b, "Queue depth: %d\n", l.queueDepth(m.seq))
-		fmt.Fprintf(&b, "Worker: %s\n", l.w.owner)
-		var flags []string
-		if e.Suspended {
-			flags = append(flags, "suspended")
-		}
-		if e.ResumePending {
-			flags = append(flags, "resume_pending("+e.ResumeReason+")")
-		}
-		if e.InterruptedTurns > 0 {
-			flags = append(flags, "interrupted_turns="+strconv.Itoa(e.InterruptedTurns))
-		}
-		if len(flags) == 0 {
-			flags = append(flags, "none")
-		}
-		fmt.Fprintf(&b, "Flags: %s", strings.Join(flags, ", "))
-		return b.String(), nil, nil
+	case session.CmdStatus, session.CmdHelp:
+		return l.readOnlyText(e, m), nil, nil
+	case session.CmdTitle:
+		return l.setTitle(e, args), nil, nil
 	case "queue":
 		return "Usage: /queue <text> queues a message that gets its own turn.", nil, nil
 	case "undo", "retry":
@@ -263,7 +264,7 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 		if intent.ResetReason == session.ReasonResume {
 			return "Resumed session " + intent.SessionID + ".", nil, nil
 		}
-		if args != "" && e.SessionID != "" && (args == e.SessionID || l.findTitle(args) == e.SessionID) {
+		if args != "" && e.SessionID != "" && l.resumeTarget(args) == e.SessionID {
 			// The current session: after a /stop or a dead letter it is
 			// suspended, and resuming it means carrying on in it.
 			if e.Suspended {
@@ -276,27 +277,161 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 	return "Unknown command.", nil, nil
 }
 
-// lineage lists the lane's recent sessions.
+// namedSession is one entry of the /resume list.
+type namedSession struct {
+	id, title string
+	created   time.Time
+}
+
+// namedSessions lists the lane's other sessions that have a title, newest
+// first: the list /resume shows and /resume N picks from.
+func (l *lane) namedSessions() []namedSession {
+	var out []namedSession
+	for _, sid := range l.entry.RecentSessions {
+		if sid == l.entry.SessionID {
+			continue
+		}
+		rec, err := l.w.store.LookupIndex(context.WithoutCancel(l.ctx), sid)
+		if err != nil || rec.Lane != l.lane || rec.Title == "" {
+			continue
+		}
+		out = append(out, namedSession{id: sid, title: rec.Title, created: rec.CreatedAt})
+	}
+	return out
+}
+
+// resumeTarget resolves the argument of /resume to a session id: N picks
+// the N-th of the named sessions /resume lists; a session id stands for
+// itself; anything else is a title, the newest session of this lane's
+// lineage that has it. It returns "" for a number outside the list, and
+// the argument itself when nothing matches.
+func (l *lane) resumeTarget(args string) string {
+	if n, err := strconv.Atoi(args); err == nil {
+		named := l.namedSessions()
+		if n < 1 || n > len(named) {
+			return ""
+		}
+		return named[n-1].id
+	}
+	if session.ValidSessionID(args) {
+		return args
+	}
+	if t, err := session.SanitizeTitle(args); err == nil {
+		args = t
+	}
+	return l.findTitle(args)
+}
+
+// lineage is the /resume list: the lane's named sessions, numbered, newest
+// first, without the current one.
 func (l *lane) lineage(asked string) string {
 	var b strings.Builder
 	if asked != "" {
-		fmt.Fprintf(&b, "No session %q in this conversation.\n", asked)
-	}
-	b.WriteString("Recent sessions of this conversation:\n")
-	fmt.Fprintf(&b, "• %s (current)\n", l.entry.SessionID)
-	for _, sid := range l.entry.RecentSessions {
-		rec, err := l.w.store.LookupIndex(context.WithoutCancel(l.ctx), sid)
-		if err != nil {
-			continue
+		if _, err := strconv.Atoi(asked); err == nil {
+			fmt.Fprintf(&b, "No session number %s in the list.\n", asked)
+		} else {
+			fmt.Fprintf(&b, "No session %q in this conversation.\n", asked)
 		}
-		title := ""
-		if rec.Title != "" {
-			title = fmt.Sprintf(" %q", rec.Title)
-		}
-		fmt.Fprintf(&b, "• %s%s (%s)\n", sid, title, rec.CreatedAt.Format(time.RFC3339))
 	}
-	b.WriteString("Use /resume <id or title> to switch.")
+	named := l.namedSessions()
+	if len(named) == 0 {
+		b.WriteString("No other named session in this conversation. Name the current one with /title NAME.")
+		return b.String()
+	}
+	b.WriteString("Named sessions of this conversation:\n")
+	for i, n := range named {
+		fmt.Fprintf(&b, "%d. %s (%s, %s)\n", i+1, n.title, n.id, n.created.Format(time.RFC3339))
+	}
+	b.WriteString("Use /resume N to switch to one (or /resume <id or title>).")
 	return b.String()
+}
+
+// readOnlyText is the answer of /status or /help.
+func (l *lane) readOnlyText(e *session.SessionEntry, m inboxMsg) string {
+	if m.body.Command == session.CmdHelp {
+		return helpText
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "Session %s\n", e.SessionID)
+	if rec, err := l.w.store.LookupIndex(context.WithoutCancel(l.ctx), e.SessionID); err == nil && rec.Title != "" {
+		fmt.Fprintf(&b, "Title: %s\n", rec.Title)
+	}
+	if !e.CreatedAt.IsZero() {
+		fmt.Fprintf(&b, "Age: %s\n", l.w.cfg.Now().Sub(e.CreatedAt).Round(time.Second))
+	}
+	fmt.Fprintf(&b, "Tokens: %d (in %d, out %d)\n", e.TotalTokens, e.InputTokens, e.OutputTokens)
+	mode := l.w.cfg.BusyMode
+	if e.BusyMode != "" {
+		mode = e.BusyMode
+	}
+	fmt.Fprintf(&b, "Busy mode: %s\n", mode)
+	if t := e.Turn; t != nil && t.Kind != session.KindCommand {
+		fmt.Fprintf(&b, "Running: a turn since %s\n", t.StartedAt.Format(time.RFC3339))
+	}
+	fmt.Fprintf(&b, "Queue depth: %d\n", l.queueDepth(m.seq))
+	fmt.Fprintf(&b, "Worker: %s\n", l.w.owner)
+	var flags []string
+	if e.Suspended {
+		flags = append(flags, "suspended")
+	}
+	if e.ResumePending {
+		flags = append(flags, "resume_pending("+e.ResumeReason+")")
+	}
+	if e.InterruptedTurns > 0 {
+		flags = append(flags, "interrupted_turns="+strconv.Itoa(e.InterruptedTurns))
+	}
+	if len(flags) == 0 {
+		flags = append(flags, "none")
+	}
+	fmt.Fprintf(&b, "Flags: %s", strings.Join(flags, ", "))
+	return b.String()
+}
+
+// helpText is the answer of /help.
+const helpText = `Commands:
+/new [title] — start a new session (optionally titled)
+/reset — start a new session
+/stop — stop the running turn; the next message starts a fresh session
+/status — this session's state (answered at once, even during a turn)
+/help — this list
+/title [name] — show or set this session's title
+/resume [N|id|title] — list the named sessions, or switch to one
+/undo [n] — forget the last n turns
+/retry — run your last message again
+/queue <text> — queue a message as its own turn
+/busy [interrupt|queue|steer] — what a message sent during a turn does`
+
+// setTitle shows (args empty) or sets the current session's title: the
+// name is sanitized (control and invisible characters dropped, white space
+// collapsed, at most session.MaxTitleLength characters), and when another
+// session of this lane already has it, it takes the next number of that
+// title's lineage ("Project #2"), so titles stay unique.
+func (l *lane) setTitle(e *session.SessionEntry, args string) string {
+	ctx := context.WithoutCancel(l.ctx)
+	if args == "" {
+		if rec, err := l.w.store.LookupIndex(ctx, e.SessionID); err == nil && rec.Title != "" {
+			return fmt.Sprintf("Session %s\nTitle: %s", e.SessionID, rec.Title)
+		}
+		return fmt.Sprintf("Session %s has no title. Set one with /title NAME.", e.SessionID)
+	}
+	title, err := session.SanitizeTitle(args)
+	if err != nil {
+		return "⚠️ Title not set: " + err.Error() + "."
+	}
+	final := l.nextTitle(title, e.SessionID)
+	err = l.w.store.SetTitle(ctx, e.SessionID, final)
+	if errors.Is(err, kv.ErrNotFound) {
+		rec := indexRecord(l.lane, e.SessionKey, e.CreatedAt, e.ParentSessionID)
+		rec.Title = final
+		err = l.w.store.Index(ctx, e.SessionID, rec)
+	}
+	if err != nil {
+		return "Could not set the title: " + err.Error()
+	}
+	if final != title {
+		return fmt.Sprintf("✏️ Session title set: %s (%q is already the title of another session here).", final, title)
+	}
+	return "✏️ Session title set: " + final
 }
 
 // queueDepth counts /queue items waiting in the inbox after seq.
@@ -377,25 +512,29 @@ func (l *lane) findTitle(title string) string {
 	return title
 }
 
-// nextTitle is the title a /new gets: the one asked for, or when this
-// lane's sessions already carry it, the next number in its lineage
-// ("Project #2", "Project #3"...).
-func (l *lane) nextTitle(title string) string {
+// nextTitle is the title a /new or /title gets: the one asked for, or when
+// this lane's sessions (but except) already carry it, the next number in
+// its lineage ("Project #2", "Project #3"...).
+func (l *lane) nextTitle(title, except string) string {
 	if title == "" {
 		return ""
 	}
-	base, _ := titleBase(title)
-	highest := 0
+	base, n := titleBase(title)
+	highest, taken := 0, false
 	for _, sid := range append([]string{l.entry.SessionID}, l.entry.RecentSessions...) {
+		if sid == except {
+			continue
+		}
 		rec, err := l.w.store.LookupIndex(context.WithoutCancel(l.ctx), sid)
 		if err != nil || rec.Lane != l.lane || rec.Title == "" {
 			continue
 		}
 		if b, m := titleBase(rec.Title); strings.EqualFold(b, base) {
 			highest = max(highest, m)
+			taken = taken || m == n
 		}
 	}
-	if highest == 0 {
+	if !taken {
 		return title
 	}
 	return fmt.Sprintf("%s #%d", base, highest+1)

@@ -96,6 +96,10 @@ type lane struct {
 	// its place in the worker's turn gate before it was recorded (see
 	// turnGate).
 	holdsGate bool
+	// autoCheck asks the runner, once it has nothing to do, whether the
+	// lane is due an automatic resume (set when the lane is taken and when
+	// an admin command marked it resume_pending).
+	autoCheck bool
 }
 
 var monoBase = time.Now()
@@ -441,6 +445,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 		}
 	}
 
+	l.autoCheck = true
 	lingerUntil := time.Now().Add(w.cfg.Linger)
 	for {
 		if l.ctx.Err() != nil {
@@ -462,7 +467,19 @@ func (l *lane) own(lease *kv.Lease) bool {
 			}
 			continue
 		}
+		if st == nil && l.autoCheck {
+			l.autoCheck = false
+			if l.autoResumeDue() {
+				if err := l.publishAutoResume(); err != nil {
+					l.log.Warn("publish automatic resume", "err", err)
+				}
+				continue
+			}
+		}
 		if st != nil {
+			if st.kind == session.KindCommand && st.msgs[0].body.Command == "resume_pending" {
+				l.autoCheck = true
+			}
 			if !l.runStep(st) {
 				if l.alive() {
 					// A drain timeout or a failed write: the turn record
@@ -902,7 +919,9 @@ func (l *lane) nextStep(ctx context.Context) (*step, error) {
 		st.kind = kindDiscard
 		return st, nil
 	}
-	if first.kind != session.KindMessage {
+	if first.kind != session.KindMessage || l.busyMode() == BusyQueue {
+		// In queue mode every plain message is its own turn, FIFO, as a
+		// /queue item is: nothing merges them.
 		return st, nil
 	}
 	size := len(first.body.Text)
@@ -958,7 +977,53 @@ func (l *lane) resetAhead(ctx context.Context, seq uint64) bool {
 // discard looks at: the fleet's own wake-ups (a handover or a sweep may put
 // them anywhere) and /status.
 func transparent(m *inboxMsg) bool {
-	return m.kind == session.KindInternal || m.kind == session.KindCommand && m.body.Command == "status"
+	return m.kind == session.KindInternal || m.kind == session.KindCommand && session.ReadOnlyCommand(m.body.Command)
+}
+
+// autoResumeDue reports whether the lane is due an automatic turn: its
+// session is resume_pending for a reason in the automatic set, the marker is
+// fresh and has not had its automatic turn yet, the session has an origin
+// to answer to, is not suspended, and no turn is in flight.
+func (l *lane) autoResumeDue() bool {
+	e := l.entry
+	if e == nil || e.Turn != nil || e.Suspended || !e.ResumePending || e.SessionID == "" || e.Origin == nil ||
+		!autoResumeReason(e.ResumeReason) || !session.ResumeFresh(e.LastResumeMarkedAt, l.w.cfg.Now(), l.w.cfg.Freshness) {
+		return false
+	}
+	return e.AutoResumedAt == nil || e.LastResumeMarkedAt == nil || !e.AutoResumedAt.Equal(*e.LastResumeMarkedAt)
+}
+
+// publishAutoResume puts the internal event of an automatic resume into the
+// lane's inbox, so that it takes its place in order. Its Msg-Id names the
+// marker: one marker, one event.
+func (l *lane) publishAutoResume() error {
+	e := l.entry
+	marker := int64(0)
+	if e.LastResumeMarkedAt != nil {
+		marker = e.LastResumeMarkedAt.UnixNano()
+	}
+	id := fmt.Sprintf("resume:%s:%s:%d", l.lane, e.SessionID, marker)
+	l.log.Info("resume pending with no turn in flight: automatic resume", "session", e.SessionID, "reason", e.ResumeReason)
+	return l.w.publishInternal(context.WithoutCancel(l.ctx), l.lane, e.SessionKey, internalResume, e.SessionID, id)
+}
+
+// runAutoResume runs the automatic turn of a resume_pending session: an
+// event with empty text, answered in the session with the resume note. It
+// only commits past the event when the lane is no longer due one (a message
+// already continued the session, or it was reset).
+func (l *lane) runAutoResume(m inboxMsg) bool {
+	if !l.autoResumeDue() || m.body.Args != l.entry.SessionID {
+		return l.commitSimple(m.seq)
+	}
+	st := &step{kind: session.KindInternal, msgs: []inboxMsg{m}}
+	intent, err := l.recordIntent(st)
+	if err != nil {
+		l.log.Warn("record intent", "err", err)
+		return false
+	}
+	l.w.event("resume", l.lane, map[string]any{"turn_id": intent.ID, "session_id": intent.SessionID, "attempt": intent.Attempt,
+		"reason": l.entry.ResumeReason, "automatic": true})
+	return l.execute(intent, st.msgs, false)
 }
 
 // heldRetryDelay is how long to hand a delivery back for when its lane's

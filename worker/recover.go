@@ -46,20 +46,31 @@ func indexRecord(lane, key string, now time.Time, parent string) kv.IndexRecord 
 
 func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
 
-// resumeNote is the reason-aware restart-resume system note. It subsumes the
-// tool-tail note.
+// resumeNote is the restart-resume system note of the resume spec, with the
+// interruption named by its reason (a drain of a restart, a drain of a
+// shutdown, or a crash). It subsumes the tool-tail note: it tells the agent
+// to process unfinished tool results first.
 func resumeNote(reason string) string {
-	cause := "an unexpected stop of the worker running it"
+	cause := "a gateway crash"
 	switch reason {
 	case ResumeRestartTimeout:
 		cause = "a gateway restart"
 	case ResumeShutdownTimeout:
 		cause = "a gateway shutdown"
 	}
-	return fmt.Sprintf("[System note: Your previous turn in this same session was interrupted by %s. Continue from the existing transcript. If there are unfinished tool results, process them first, summarize what was accomplished, then answer the user's message.]", cause)
+	return "[System note: Your previous turn in this same session was interrupted by " + cause +
+		". Continue from the existing transcript. If there are unfinished tool results, process them first, " +
+		"summarize what was accomplished, then answer the user's new message.]"
 }
 
-// toolTailNote is the note for a transcript that ends in a tool result.
+// isResumeNote reports whether a note is a restart-resume note.
+func isResumeNote(n string) bool {
+	return strings.HasPrefix(n, "[System note: Your previous turn in this same session was interrupted by ")
+}
+
+// toolTailNote is the note for a transcript that ends in a tool result: the
+// previous turn stopped before the agent answered what its tools returned.
+// It must be judged before the new turn's user entries are appended.
 func toolTailNote(st *txState) string {
 	eff := st.effective
 	if len(eff) > 0 && eff[len(eff)-1].Role == "tool" {
@@ -68,26 +79,45 @@ func toolTailNote(st *txState) string {
 	return ""
 }
 
+// autoResumeReasons are the resume reasons whose sessions are resumed
+// without waiting for the user (the seed's _AUTO_RESUME_REASONS).
+func autoResumeReason(reason string) bool {
+	switch reason {
+	case ResumeRestartInterrupted, ResumeRestartTimeout, ResumeShutdownTimeout:
+		return true
+	}
+	return false
+}
+
 // decisionNotes are the system notes and user notices a session decision
 // requires (seed §6 "Reset Effects").
-func (l *lane) decisionNotes(dec session.Decision, policy session.ResetPolicy) (notes, notices []string) {
+//
+// The notice of an automatic reset is gated as the seed's gateway gates it
+// (see session.ResetConfig.NotifyReset): an idle or daily reset of a session
+// that had no activity says nothing, a suspended reset always tells the
+// user, and platforms in notify_exclude_platforms are never told.
+func (l *lane) decisionNotes(dec session.Decision, policy session.ResetPolicy, platform session.Platform) (notes, notices []string) {
 	if dec.KeptForResume {
 		notes = append(notes, resumeNote(l.entry.ResumeReason))
 	}
+	hadActivity := l.entry != nil && l.entry.TotalTokens > 0
+	notify := l.w.cfg.Reset.NotifyReset(policy, dec.Reason, hadActivity, platform)
 	switch dec.Reason {
 	case session.ReasonIdle:
 		notes = append(notes, "[System note: The previous session expired due to inactivity; this is a fresh session.]")
-		if policy.Notify {
+		if notify {
 			notices = append(notices, noticeIdle)
 		}
 	case session.ReasonDaily:
 		notes = append(notes, "[System note: The previous session ended at the daily reset; this is a fresh session.]")
-		if policy.Notify {
+		if notify {
 			notices = append(notices, noticeDaily)
 		}
 	case session.ReasonSuspended:
 		notes = append(notes, "[System note: The previous session was stopped or interrupted; this is a fresh session.]")
-		notices = append(notices, noticeSuspended)
+		if notify {
+			notices = append(notices, noticeSuspended)
+		}
 	}
 	return notes, notices
 }
@@ -170,6 +200,12 @@ func (l *lane) recoverTurn() bool {
 	if interrupted >= MaxInterruptedTurns {
 		return l.deadLetter(st, t, msgs, src, interrupted)
 	}
+	// An interruption older than the freshness window is not run again by
+	// itself: the session is kept, resume pending, and the user's next
+	// message continues it with the note.
+	if at := interruptedAt(st, t, l.entry); !session.ResumeFresh(&at, w.cfg.Now(), w.cfg.Freshness) {
+		return l.parkStale(st, t, msgs, reason, at, interrupted)
+	}
 	if interrupted == MaxInterruptedTurns-1 {
 		// The last chance: run alone, so that if this process dies now the
 		// turn is the one to blame, and no neighbour's crash can spend it.
@@ -199,6 +235,22 @@ func (l *lane) recoverTurn() bool {
 	t.LastSeq = t.FirstSeq
 	if len(msgs) > 1 {
 		msgs = msgs[:1]
+	}
+	// In interrupt mode, plain messages that reached the inbox while the
+	// lane had no live worker join the resumed turn (rather than cut it
+	// short): the turn answers them all. Not for a narrowed retry, whose
+	// range is followed by messages that are the next turns'.
+	if t.Kind == session.KindMessage && t.RetryFrom <= t.LastSeq && l.busyMode() == BusyInterrupt {
+		joined, err := l.joinAhead(t.LastSeq, msgs)
+		if err != nil {
+			l.log.Warn("read the inbox ahead of the resumed turn", "err", err)
+			return false
+		}
+		if len(joined) > len(msgs) {
+			msgs = joined
+			t.LastSeq = msgs[len(msgs)-1].seq
+			t.RetryFrom = 0
+		}
 	}
 	t.Notes = append(keepNonResume(t.Notes), resumeNote(reason))
 	if done, ok := l.recordAttempt(t, interrupted, func(e *session.SessionEntry) { e.MarkResumePending(reason, w.cfg.Now()) }); done {
@@ -271,11 +323,90 @@ func (l *lane) recordAttempt(t *session.TurnIntent, interrupted int, also func(*
 func keepNonResume(notes []string) []string {
 	var out []string
 	for _, n := range notes {
-		if !strings.Contains(n, "was interrupted by") {
+		if !isResumeNote(n) {
 			out = append(out, n)
 		}
 	}
 	return out
+}
+
+// interruptedAt is when an interrupted turn stopped, as well as it is
+// known: the latest of its start, its last transcript entry and the resume
+// marker a drain set for it.
+func interruptedAt(st *txState, t *session.TurnIntent, e *session.SessionEntry) time.Time {
+	at := t.StartedAt
+	for i := len(st.entries) - 1; i >= 0; i-- {
+		if en := st.entries[i]; en.TurnID == t.ID {
+			if en.Timestamp.After(at) {
+				at = en.Timestamp
+			}
+			break
+		}
+	}
+	if e.ResumePending && e.LastResumeMarkedAt != nil && e.LastResumeMarkedAt.After(at) {
+		at = *e.LastResumeMarkedAt
+	}
+	return at
+}
+
+// parkStale ends an interrupted turn whose interruption is older than the
+// freshness window without running it again: its messages are recorded in
+// the transcript (nothing accepted is lost), the turn commits as
+// interrupted and counted, and the entry stays resume_pending with the
+// marker dated from the interruption, so the marker is stale for the reset
+// policy and for the automatic resume, and updated_at keeps the time of the
+// last real activity. The user's next message continues the session with
+// the resume note, unless the policy resets it (session.Decide).
+func (l *lane) parkStale(st *txState, t *session.TurnIntent, msgs []inboxMsg, reason string, at time.Time, interrupted int) bool {
+	for _, m := range msgs {
+		if st.userSeqs[m.seq] || m.kind == session.KindInternal {
+			continue
+		}
+		e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", t.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
+			Content: m.body.Text, InboxSeq: m.seq, TurnID: t.ID, SenderName: m.body.Source.UserName, Timestamp: l.w.cfg.Now()}
+		if err := l.appendOwned(st, &e); err != nil {
+			return false
+		}
+	}
+	updated := l.entry.UpdatedAt
+	l.log.Info("interrupted turn is stale; not resumed until the next message", "turn", t.ID, "interrupted_at", at, "reason", reason)
+	l.w.event("resume_stale", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "reason": reason, "interrupted_at": at})
+	return l.finish(st, t, StatusInterrupted, nil, func(e *session.SessionEntry) {
+		e.MarkResumePending(reason, at)
+		e.InterruptedTurns = interrupted
+		e.UpdatedAt = updated
+	})
+}
+
+// joinAhead returns msgs followed by the plain messages that directly
+// follow seq in the inbox (the fleet's own wake-ups between them are
+// skipped), within the turn caps.
+func (l *lane) joinAhead(seq uint64, msgs []inboxMsg) ([]inboxMsg, error) {
+	out := msgs
+	size := 0
+	for _, m := range msgs {
+		size += len(m.body.Text)
+	}
+	for next := seq + 1; len(out) < l.w.cfg.MaxTurnMessages; {
+		m, err := l.peek(l.ctx, next)
+		if err != nil {
+			return nil, err
+		}
+		if m == nil {
+			break
+		}
+		if m.kind == session.KindInternal && m.body.Command == internalWake {
+			next = m.seq + 1
+			continue
+		}
+		if m.kind != session.KindMessage || size+len(m.body.Text) > l.w.cfg.MaxTurnBytes {
+			break
+		}
+		out = append(out[:len(out):len(out)], *m)
+		size += len(m.body.Text)
+		next = m.seq + 1
+	}
+	return out, nil
 }
 
 // deadLetter suspends the lane after repeated interrupted attempts: the

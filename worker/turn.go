@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -137,6 +138,11 @@ func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
 	w := l.w
 	now := w.cfg.Now()
 	src := st.msgs[0].body.Source
+	if st.kind == session.KindInternal && l.entry != nil && l.entry.Origin != nil {
+		// An automatic resume has no sender: it answers where the session
+		// came from.
+		src = *l.entry.Origin
+	}
 	policy := w.cfg.Reset.PolicyFor(src.Platform, src.ChatType)
 	dec := session.Decide(l.entry, policy, now, w.cfg.Location, w.cfg.Freshness, nil)
 	intent := &session.TurnIntent{
@@ -152,7 +158,7 @@ func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
 		Epoch:             l.lease.Epoch,
 		StartedAt:         now,
 	}
-	intent.Notes, intent.Notices = l.decisionNotes(dec, policy)
+	intent.Notes, intent.Notices = l.decisionNotes(dec, policy, src.Platform)
 	// A /queue turn counts the items behind it (the inbox scan is paid by
 	// /queue turns only); each discard by a /new or /reset takes one off.
 	queueDepth := -1
@@ -169,6 +175,11 @@ func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
 			return nil, fmt.Errorf("turn starts at %d but %d is committed", intent.FirstSeq, e.CommittedSeq)
 		}
 		e.Turn = intent
+		if st.kind == session.KindInternal && e.LastResumeMarkedAt != nil {
+			// This marker has had its automatic resume (see autoResumeDue).
+			at := *e.LastResumeMarkedAt
+			e.AutoResumedAt = &at
+		}
 		if queueDepth >= 0 {
 			e.QueueDepth = queueDepth
 		}
@@ -217,10 +228,25 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 	}
 	crashPoint("after_notice")
 
+	// Judged before this turn's user entries are appended: does the
+	// transcript end in a tool result the agent never answered?
+	toolTail := ""
+	if !resumed {
+		toolTail = toolTailNote(st)
+	}
+
 	// The user entries, each once (a recovered turn may have some already).
 	var users []agent.UserMessage
 	for _, m := range msgs {
 		text := m.body.Text
+		if m.kind == session.KindInternal {
+			// An automatic resume is an event with empty text and no user
+			// entry; the fleet's wake-ups carry nothing.
+			if m.body.Command == internalResume {
+				users = append(users, agent.UserMessage{InboxSeq: m.seq})
+			}
+			continue
+		}
 		if st.userSeqs[m.seq] {
 			users = append(users, agent.UserMessage{InboxSeq: m.seq, Text: text, SenderName: m.body.Source.UserName})
 			continue
@@ -261,10 +287,9 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		return l.failTurn(st, intent, src, err)
 	}
 	notes := append([]string(nil), intent.Notes...)
-	if !resumed {
-		if n := toolTailNote(st); n != "" {
-			notes = append(notes, n)
-		}
+	// The restart-resume note subsumes the tool-tail note.
+	if toolTail != "" && !slices.ContainsFunc(notes, isResumeNote) {
+		notes = append(notes, toolTail)
 	}
 	turn := &agent.Turn{
 		SessionKey:    l.entry.SessionKey,
@@ -454,6 +479,7 @@ func (l *lane) runAgent(a agent.Agent, st *txState, intent *session.TurnIntent, 
 	// Only for /stop: plain messages beyond a turn that hit its size cap
 	// must not interrupt it before it runs.
 	l.checkBusy(ctx, cancel, intent, "", &stopCause)
+	l.answerReadOnly(ctx, st, intent, stopCause)
 	for {
 		select {
 		case o := <-done:
@@ -475,8 +501,10 @@ func (l *lane) runAgent(a agent.Agent, st *txState, intent *session.TurnIntent, 
 			return o.res, o.err, nil
 		case <-l.hints:
 			l.checkBusy(ctx, cancel, intent, mode, &stopCause)
+			l.answerReadOnly(ctx, st, intent, stopCause)
 		case <-l.signal:
 			l.checkBusy(ctx, cancel, intent, mode, &stopCause)
+			l.answerReadOnly(ctx, st, intent, stopCause)
 		case <-w.drainCh:
 			if !drainMarked {
 				drainMarked = true
@@ -570,6 +598,64 @@ func (l *lane) checkBusy(ctx context.Context, cancel context.CancelCauseFunc, in
 	}
 }
 
+// answerReadOnly answers at once, while a turn runs, the commands that only
+// report (/status, /help) waiting right after the turn's range: with
+// nothing between them and the turn but other such commands and the
+// fleet's wake-ups, so an answer never overtakes a message sent before it.
+// The turn goes on. The answer is a notice entry of the turn's session with
+// the id "answer:<inbox seq>"; when the command's turn comes in inbox order
+// it finds that entry and only republishes it (same Msg-Id) and commits.
+func (l *lane) answerReadOnly(ctx context.Context, st *txState, intent *session.TurnIntent, stopCause error) {
+	if stopCause != nil {
+		return
+	}
+	seq := max(l.turnLastSeq(intent), intent.RetryFrom) + 1
+	for i := 0; i < 16; i++ {
+		if !l.mayHaveAfter(seq - 1) {
+			return
+		}
+		m, err := l.peek(ctx, seq)
+		if err != nil || m == nil {
+			return
+		}
+		switch {
+		case m.kind == session.KindInternal && m.body.Command == internalWake:
+		case m.kind == session.KindCommand && session.ReadOnlyCommand(m.body.Command):
+			if err := l.answerEarly(st, m); err != nil {
+				l.log.Warn("answer read-only command", "seq", m.seq, "err", err)
+				return
+			}
+		default:
+			return
+		}
+		seq = m.seq + 1
+	}
+}
+
+// answerEarly answers one read-only command while a turn runs (once).
+func (l *lane) answerEarly(st *txState, m *inboxMsg) error {
+	id := answerID(m.seq)
+	l.opMu.Lock()
+	done := st.ids[id]
+	e := l.entry.Clone()
+	l.opMu.Unlock()
+	if done {
+		return nil
+	}
+	if dup, err := l.duplicate(*m); err != nil || dup {
+		return err // a duplicate is committed past in its turn
+	}
+	text := l.readOnlyText(e, *m)
+	en := transcript.Entry{ID: id, Kind: transcript.KindNotice, Role: "system", Content: text, InboxSeq: m.seq, TurnID: id, Timestamp: l.w.cfg.Now()}
+	if err := l.appendOwned(st, &en); err != nil {
+		return err
+	}
+	return l.publishReply(st, &session.TurnIntent{ID: id}, en, session.ReplyKindNotice, sourceOf(e, []inboxMsg{*m}))
+}
+
+// answerID is the transcript entry id of a read-only command's answer.
+func answerID(seq uint64) string { return "answer:" + seqString(seq) }
+
 func (l *lane) busyMode() string {
 	if l.entry != nil && l.entry.BusyMode != "" {
 		return l.entry.BusyMode
@@ -602,7 +688,7 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 	if appendErr != nil {
 		return false
 	}
-	if !l.commit(intent, res, apply) {
+	if !l.commit(intent, status, res, apply) {
 		return false
 	}
 	l.turnEvent("end", intent, status)
@@ -621,8 +707,12 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 }
 
 // commit moves committed_seq past the turn in one CAS, then acks every held
-// delivery at or below it.
-func (l *lane) commit(intent *session.TurnIntent, res *agent.Result, apply func(*session.SessionEntry)) bool {
+// delivery at or below it. Only a turn that ran the agent to completion
+// clears resume_pending and the interrupted-turn count: a failed,
+// interrupted or stopped turn, a duplicate or a command leaves them, so the
+// next turn still gets the resume note and the count still decides the
+// escalation.
+func (l *lane) commit(intent *session.TurnIntent, status string, res *agent.Result, apply func(*session.SessionEntry)) bool {
 	w := l.w
 	l.pauseTag = "commit"
 	defer func() { l.pauseTag = "" }()
@@ -635,8 +725,10 @@ func (l *lane) commit(intent *session.TurnIntent, res *agent.Result, apply func(
 		}
 		e.LastTurnID = intent.ID
 		e.Turn = nil
-		e.ClearResumePending()
-		e.InterruptedTurns = 0
+		if status == StatusCompleted && intent.Kind != session.KindCommand {
+			e.ClearResumePending()
+			e.InterruptedTurns = 0
+		}
 		e.WasAutoReset = false
 		e.AutoResetReason = ""
 		if intent.Kind != session.KindCommand {

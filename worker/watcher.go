@@ -21,6 +21,9 @@ import (
 const (
 	internalWake   = "wake"
 	internalExpire = "expire"
+	// internalResume runs the automatic turn of a resume_pending lane with
+	// no turn in flight (see lane.autoResumeDue).
+	internalResume = "resume"
 )
 
 // watcherLoop competes for the watcher lease. The leader follows lease
@@ -350,6 +353,9 @@ func (w *Worker) pruneEntry(ctx context.Context, r kv.Record) (bool, error) {
 
 // runInternal applies an internal command as the lane's owner.
 func (l *lane) runInternal(m inboxMsg) bool {
+	if m.body.Command == internalResume {
+		return l.runAutoResume(m)
+	}
 	if m.body.Command != internalExpire {
 		return l.commitSimple(m.seq)
 	}
