@@ -1,6 +1,7 @@
 package config
 
 import (
+	"slices"
 	"time"
 
 	"github.com/agentfleet/agentfleet/session"
@@ -111,6 +112,15 @@ type ResetPolicy struct {
 	//
 	// Defaults to true.
 	Notify bool `yaml:"notify" json:"notify"`
+
+	// NotifyExcludePlatforms are platforms that never get an automatic
+	// reset notice, whatever Notify says (only at this top level).
+	//
+	// Defaults to [api_server, webhook], the seed gateway's programmatic
+	// endpoints; no adapter of this fleet uses those names, so nothing is
+	// excluded until a platform is listed (add `http` to keep notices out
+	// of the HTTP API's mailboxes).
+	NotifyExcludePlatforms []string `yaml:"notify_exclude_platforms" json:"notify_exclude_platforms"`
 }
 
 // Policy returns p as the session package's policy type.
@@ -482,10 +492,11 @@ func Default() Config {
 		ThreadSessionsPerUser:  false,
 		SessionStoreMaxAgeDays: 0,
 		SessionReset: ResetPolicy{
-			Mode:        session.ResetBoth,
-			AtHour:      4,
-			IdleMinutes: 1440,
-			Notify:      true,
+			Mode:                   session.ResetBoth,
+			AtHour:                 4,
+			IdleMinutes:            1440,
+			Notify:                 true,
+			NotifyExcludePlatforms: []string{"api_server", "webhook"},
 		},
 		Timezone: "Local",
 		Agent: AgentConfig{
@@ -553,6 +564,9 @@ func (c Config) ResetConfig() session.ResetConfig {
 		ByPlatform:         map[session.Platform]session.ResetPolicy{},
 		ByChatType:         map[string]session.ResetPolicy{},
 		ByPlatformChatType: map[session.Platform]map[string]session.ResetPolicy{},
+	}
+	for _, p := range c.SessionReset.NotifyExcludePlatforms {
+		rc.NotifyExcludePlatforms = append(rc.NotifyExcludePlatforms, session.Platform(p))
 	}
 	for t, o := range c.SessionResetByChatType {
 		if !o.IsZero() {
@@ -633,6 +647,7 @@ func (c Config) Redacted() Config {
 // shared with c.
 func (c Config) clone() Config {
 	r := c
+	r.SessionReset.NotifyExcludePlatforms = slices.Clone(c.SessionReset.NotifyExcludePlatforms)
 	r.SessionResetByChatType = cloneOverrides(c.SessionResetByChatType)
 	if c.Platforms != nil {
 		r.Platforms = make(map[session.Platform]PlatformConfig, len(c.Platforms))

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -843,5 +844,47 @@ func TestLoadWithFlagsOverInvalidEnv(t *testing.T) {
 	_, err = config.LoadWith("", nil, []config.Override{{Path: "http.addr", Value: "nope", Source: "flag --http"}})
 	if err == nil || !strings.Contains(err.Error(), "http.addr") || !strings.Contains(err.Error(), "flag --http") {
 		t.Fatalf("bad flag value: %v", err)
+	}
+}
+
+// TestNotifyExcludePlatforms: session_reset.notify_exclude_platforms is a
+// key (it was refused as unknown): the seed's default list, a YAML list in
+// the file, a comma-separated list in the environment, carried into the
+// reset configuration; an unknown platform is refused, naming the key.
+func TestNotifyExcludePlatforms(t *testing.T) {
+	t.Parallel()
+	def := config.Default()
+	if got, want := def.SessionReset.NotifyExcludePlatforms, []string{"api_server", "webhook"}; !slices.Equal(got, want) {
+		t.Errorf("default %q, want %q", got, want)
+	}
+	c, err := config.Load(writeFile(t, "session_reset:\n  notify_exclude_platforms: [http, telegram]\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.ResetConfig().NotifyExcludePlatforms, []session.Platform{session.PlatformHTTP, session.PlatformTelegram}; !slices.Equal(got, want) {
+		t.Errorf("from the file: %q, want %q", got, want)
+	}
+	c, err = config.Load(writeFile(t, "session_reset:\n  notify_exclude_platforms: []\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.ResetConfig().NotifyExcludePlatforms; len(got) != 0 {
+		t.Errorf("an empty list excludes %q", got)
+	}
+	env := func(k string) (string, bool) {
+		if k == "AGENTFLEET_SESSION_RESET_NOTIFY_EXCLUDE_PLATFORMS" {
+			return " slack , webhook", true
+		}
+		return "", false
+	}
+	if c, err = config.Load("", env); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.SessionReset.NotifyExcludePlatforms, []string{"slack", "webhook"}; !slices.Equal(got, want) {
+		t.Errorf("from the environment: %q, want %q", got, want)
+	}
+	_, err = config.Load(writeFile(t, "session_reset:\n  notify_exclude_platforms: [http, nosuch]\n"), nil)
+	if err == nil || !strings.Contains(err.Error(), "session_reset.notify_exclude_platforms") || !strings.Contains(err.Error(), `"nosuch" is not a known platform`) {
+		t.Errorf("unknown platform: %v", err)
 	}
 }

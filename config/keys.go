@@ -23,7 +23,7 @@ type KeyInfo struct {
 	// EnvFallback is a second variable read when Env is unset or empty
 	// (NATS_URL for nats.url, the variable the nats tools read), or "".
 	EnvFallback string
-	// Type is string, bool, int or duration.
+	// Type is string, bool, int, duration or list.
 	Type string
 	// Default is the built-in default as text ("inherited" for overrides).
 	Default string
@@ -43,6 +43,9 @@ const (
 	kindBool     = "bool"
 	kindInt      = "int"
 	kindDuration = "duration"
+	// kindList is a list of names: a YAML sequence in the file, comma
+	// separated in the environment and in Set.
+	kindList = "list"
 )
 
 // minLeaseTTL is the shortest lease.ttl accepted.
@@ -180,8 +183,15 @@ func buildKeys() []key {
 			"Minutes of inactivity after which a session resets, 1 to 52704000 (100 years).",
 			func(c *Config) *int { return &c.SessionReset.IdleMinutes }, checkIdleMinutes),
 		field("session_reset.notify",
-			"Tell the user, on the first message after an automatic reset, that the session was reset.",
+			"Tell the user, on the first message after an idle or daily reset of a session that had activity, that the session was reset. A reset after `/stop` or repeated interruptions is always told.",
 			func(c *Config) *bool { return &c.SessionReset.Notify }, nil),
+		{
+			path: "session_reset.notify_exclude_platforms", kind: kindList, def: "api_server,webhook",
+			desc:  "Platforms that never get an automatic reset notice (a YAML list, or comma separated): known platform names, or the seed's `api_server` and `webhook`. Empty: none.",
+			get:   func(c *Config, _ []string) (any, bool) { return c.SessionReset.NotifyExcludePlatforms, true },
+			set:   func(c *Config, _ []string, v any) { c.SessionReset.NotifyExcludePlatforms = v.([]string) },
+			check: checkNotifyExclude,
+		},
 	}
 	ks = append(ks, overrideKeys()...)
 	ks = append(ks,
@@ -503,6 +513,8 @@ func formatValue(v any) string {
 		return strconv.Itoa(v)
 	case Duration:
 		return v.String()
+	case []string:
+		return strings.Join(v, ",")
 	case nil:
 		return ""
 	default:
@@ -527,6 +539,14 @@ func parseValue(kind, s string) (v any, problem string) {
 			return nil, fmt.Sprintf("%q is not an integer", s)
 		}
 		return n, ""
+	case kindList:
+		out := []string{}
+		for _, f := range strings.Split(s, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				out = append(out, f)
+			}
+		}
+		return out, ""
 	case kindDuration:
 		d, err := ParseDuration(s)
 		if err != nil {

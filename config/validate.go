@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -100,6 +101,30 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// seedOnlyPlatforms are platform names of the seed gateway that have no
+// adapter here, accepted in session_reset.notify_exclude_platforms (its
+// default lists them).
+var seedOnlyPlatforms = []string{"api_server", "webhook"}
+
+// checkNotifyExclude validates session_reset.notify_exclude_platforms.
+func checkNotifyExclude(v any) string {
+	for _, name := range v.([]string) {
+		if slices.Contains(seedOnlyPlatforms, name) || checkPlaceholder(placeholderPlatform, name) == "" {
+			continue
+		}
+		return fmt.Sprintf("%q is not a known platform (%s, or %s)", name, platformNames(), strings.Join(seedOnlyPlatforms, ", "))
+	}
+	return ""
+}
+
+func platformNames() string {
+	names := make([]string, len(knownPlatforms))
+	for i, p := range knownPlatforms {
+		names[i] = string(p)
+	}
+	return strings.Join(names, ", ")
 }
 
 // checkPlaceholder validates the value of a <platform> or <chat_type> segment.

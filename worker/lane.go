@@ -429,6 +429,9 @@ func (l *lane) own(lease *kv.Lease) bool {
 	}
 	defer sub.Unsubscribe() //nolint:errcheck
 
+	// A lane taken with a turn in flight resumes that turn; one taken
+	// without may be due an automatic resume (see autoResumeDue).
+	l.autoCheck = l.entry.Turn == nil
 	if l.entry.Turn != nil {
 		if !l.recoverTurn() {
 			if l.alive() && w.draining() {
@@ -445,7 +448,6 @@ func (l *lane) own(lease *kv.Lease) bool {
 		}
 	}
 
-	l.autoCheck = true
 	lingerUntil := time.Now().Add(w.cfg.Linger)
 	for {
 		if l.ctx.Err() != nil {
