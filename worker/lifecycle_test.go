@@ -167,11 +167,17 @@ func TestResumePendingClearedOnlyBySuccess(t *testing.T) {
 					}
 					return nil
 				})
-				f.send(chat, "interrupting")
+				// A long turn of its own, so the state after the interrupted
+				// one can be read while it runs.
+				f.send(chat, "interrupting\n!sleep 30s")
 			}
 			natstest.WaitFor(t, 10*time.Second, "the resumed turn to end", func() error {
-				if e := f.entry(lane); e.LastTurnID != turn.ID {
+				e := f.entry(lane)
+				if e.LastTurnID != turn.ID {
 					return fmt.Errorf("last turn %q", e.LastTurnID)
+				}
+				if how == "interrupted" && e.Turn == nil {
+					return errString("the interrupting turn does not run yet")
 				}
 				return nil
 			})
