@@ -209,7 +209,7 @@ func buildKeys() []key {
 			"Longest agent run of one turn; an owner whose agent hangs stops renewing its lease after this plus a grace.",
 			func(c *Config) *Duration { return &c.Agent.GatewayTimeout }, minDuration(time.Second)),
 		field("agent.gateway_auto_continue_freshness",
-			"How long after an interruption a resume_pending session is resumed instead of going through the reset policy.",
+			"How long after an interruption a turn is resumed automatically and a resume_pending session is kept against the reset policy. An older interruption waits for the user's next message, which continues the session with the resume note (unless the reset policy resets it).",
 			func(c *Config) *Duration { return &c.Agent.GatewayAutoContinueFreshness }, minDuration(time.Second)),
 		field("agent.restart_drain_timeout",
 			"On SIGTERM, how long running turns may finish before they are cancelled and handed over. 0 cancels at once.",
