@@ -650,6 +650,10 @@ func (l *lane) answerEarly(st *txState, m *inboxMsg) error {
 	if err := l.appendOwned(st, &en); err != nil {
 		return err
 	}
+	// The agent goroutine may be recording steered input (which writes the
+	// entry the publish reads): hold the lane's write lock.
+	l.opMu.Lock()
+	defer l.opMu.Unlock()
 	return l.publishReply(st, &session.TurnIntent{ID: id}, en, session.ReplyKindNotice, sourceOf(e, []inboxMsg{*m}))
 }
 
