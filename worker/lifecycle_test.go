@@ -130,7 +130,7 @@ func TestStaleInterruptedTurnWaitsForTheUser(t *testing.T) {
 					t.Errorf("reply %q, want %q", last, want)
 				}
 				turn, _ := rec.turnWith("next\n!notes")
-				if users := contents(turn.History, transcript.RoleUser); !slices.Contains(users, "long task\n!notes") {
+				if users := historyContents(turn.History, transcript.RoleUser); !slices.Contains(users, "long task\n!notes") {
 					t.Errorf("the continuing turn's history %q lacks the interrupted message", users)
 				}
 			}
