@@ -98,12 +98,16 @@ func (w *Worker) wakeIfStranded(ctx context.Context, lane string) (bool, error) 
 }
 
 // wakeStranded publishes an internal wake-up into a lane, known to have no
-// live lease, when it has work: a turn in flight, or inbox messages above
+// live lease, when it has work: a turn in flight, an automatic resume due,
+// or inbox messages above
 // its committed seq (any, when the entry counts in another inbox). The
 // Msg-Id is the same for the sweep and the expiry watch, so the two never
 // wake a lane twice for the same state. It reports whether it woke the lane.
 func (w *Worker) wakeStranded(ctx context.Context, lane string, e *session.SessionEntry) (bool, error) {
-	stranded := e.Turn != nil
+	// A turn in flight, or a session due an automatic resume (marked
+	// resume_pending with no turn: fleetctl session suspend-recent after an
+	// unclean stop of the whole fleet), is work.
+	stranded := e.Turn != nil || autoResumeDue(e, w.cfg.Now(), w.cfg.Freshness)
 	if !stranded {
 		subject := w.names.InboxSubject(session.Partition(w.names.Prefix(), lane), lane)
 		last, err := w.res.Inbox.GetLastMsgForSubject(ctx, subject)

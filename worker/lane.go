@@ -987,9 +987,13 @@ func transparent(m *inboxMsg) bool {
 // fresh and has not had its automatic turn yet, the session has an origin
 // to answer to, is not suspended, and no turn is in flight.
 func (l *lane) autoResumeDue() bool {
-	e := l.entry
+	return autoResumeDue(l.entry, l.w.cfg.Now(), l.w.cfg.Freshness)
+}
+
+// autoResumeDue is lane.autoResumeDue for an entry at now.
+func autoResumeDue(e *session.SessionEntry, now time.Time, freshness time.Duration) bool {
 	if e == nil || e.Turn != nil || e.Suspended || !e.ResumePending || e.SessionID == "" || e.Origin == nil ||
-		!autoResumeReason(e.ResumeReason) || !session.ResumeFresh(e.LastResumeMarkedAt, l.w.cfg.Now(), l.w.cfg.Freshness) {
+		!autoResumeReason(e.ResumeReason) || !session.ResumeFresh(e.LastResumeMarkedAt, now, freshness) {
 		return false
 	}
 	return e.AutoResumedAt == nil || e.LastResumeMarkedAt == nil || !e.AutoResumedAt.Equal(*e.LastResumeMarkedAt)

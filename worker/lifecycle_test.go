@@ -469,3 +469,30 @@ func TestResetNoticeGating(t *testing.T) {
 		}
 	})
 }
+
+// TestSuspendRecentGetsAutomaticResume: sessions marked resume_pending
+// while no worker runs (fleetctl session suspend-recent, after an unclean
+// stop of the whole fleet) are woken by the watcher's sweep once a worker
+// is back, and get their automatic turn without a message from the user.
+func TestSuspendRecentGetsAutomaticResume(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	lane, sid := f.startedSession("recent")
+	marked, err := f.store.SuspendRecentlyActive(t.Context(), 2*time.Minute)
+	if err != nil || len(marked) != 1 {
+		t.Fatalf("suspend-recent marked %q: %v", marked, err)
+	}
+	rec := newRecorder()
+	f.startWorker("back", mods(noReset, func(c *worker.Config) { c.WatchInterval, c.Backend = 200*time.Millisecond, rec.backend() }))
+	f.waitReply(lane, "the automatic resume", func(r session.Reply) bool { return r.Text == "echo: " })
+	turn, ok := rec.turnWith("")
+	if !ok || turn.SessionID != sid || !slices.Equal(turn.Notes, []string{specNote("a gateway crash")}) {
+		t.Errorf("automatic turn %v in %s with notes %q, want one in %s with the crash's note", ok, turn.SessionID, turn.Notes, sid)
+	}
+	natstest.WaitFor(t, 10*time.Second, "the marker to clear", func() error {
+		if e := f.entry(lane); e.ResumePending || e.Turn != nil {
+			return fmt.Errorf("resume_pending %v turn %v", e.ResumePending, e.Turn != nil)
+		}
+		return nil
+	})
+}
