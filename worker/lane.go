@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -964,13 +965,33 @@ func (l *lane) resetAhead(ctx context.Context, seq uint64) bool {
 			return false
 		}
 		switch {
-		case m.kind == session.KindCommand && (m.body.Command == "new" || m.body.Command == "reset"):
+		case resetsSession(m):
 			return true
 		case transparent(m):
 		case m.kind != session.KindQueue:
 			return false
 		}
 		next = m.seq + 1
+	}
+	return false
+}
+
+// resetsSession reports whether m is a /reset, or a /new that will start a
+// new session (one whose title is refused changes nothing).
+func resetsSession(m *inboxMsg) bool {
+	if m.kind != session.KindCommand {
+		return false
+	}
+	switch m.body.Command {
+	case session.CmdReset:
+		return true
+	case session.CmdNew:
+		args := strings.TrimSpace(m.body.Args)
+		if args == "" {
+			return true
+		}
+		_, err := session.SanitizeTitle(args)
+		return err == nil
 	}
 	return false
 }

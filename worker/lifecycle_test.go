@@ -496,3 +496,24 @@ func TestSuspendRecentGetsAutomaticResume(t *testing.T) {
 		return nil
 	})
 }
+
+// TestRefusedNewTitleDiscardsNothing: a /new whose title is refused
+// changes nothing, so the /queue items waiting before it are not discarded.
+func TestRefusedNewTitleDiscardsNothing(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	lane, sid := f.startedSession("refused")
+	f.send("refused", "/queue kept")
+	_, s := f.send("refused", "/new "+strings.Repeat("z", 101))
+	f.startWorker("w1", noReset)
+	e := f.settled(lane, s)
+	if e.SessionID != sid || e.DiscardedQueue != 0 {
+		t.Errorf("after a refused /new: session %s (was %s) discarded %d", e.SessionID, sid, e.DiscardedQueue)
+	}
+	if got := texts(f.replies(lane), session.ReplyKindReply); !slices.Equal(got, []string{"echo: hello", "echo: kept"}) {
+		t.Errorf("replies %q, want the queued item answered", got)
+	}
+	if n := f.lastNotice(lane); !strings.HasPrefix(n, "⚠️ No new session: invalid session title: it is too long") {
+		t.Errorf("notice %q", n)
+	}
+}

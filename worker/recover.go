@@ -501,11 +501,8 @@ func (l *lane) cancelAhead(seq uint64) bool {
 		if err != nil || m == nil {
 			return false
 		}
-		if m.kind == session.KindCommand {
-			switch m.body.Command {
-			case "stop", "new", "reset":
-				return true
-			}
+		if m.kind == session.KindCommand && m.body.Command == session.CmdStop || resetsSession(m) {
+			return true
 		}
 		next = m.seq + 1
 	}
