@@ -239,8 +239,10 @@ func (l *lane) recoverTurn() bool {
 	// In interrupt mode, plain messages that reached the inbox while the
 	// lane had no live worker join the resumed turn (rather than cut it
 	// short): the turn answers them all. Not for a narrowed retry, whose
-	// range is followed by messages that are the next turns'.
-	if t.Kind == session.KindMessage && t.RetryFrom <= t.LastSeq && l.busyMode() == BusyInterrupt {
+	// range is followed by messages that are the next turns', nor for the
+	// last attempt, which must hold only the suspect so that a poison
+	// message dead-letters alone.
+	if t.Kind == session.KindMessage && t.RetryFrom <= t.LastSeq && interrupted < MaxInterruptedTurns-1 && l.busyMode() == BusyInterrupt {
 		joined, err := l.joinAhead(t.LastSeq, msgs)
 		if err != nil {
 			l.log.Warn("read the inbox ahead of the resumed turn", "err", err)
