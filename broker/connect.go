@@ -23,6 +23,8 @@ type ConnectConfig struct {
 	Name string
 	// User and Password, Token or Creds (a credentials file) authenticate.
 	User, Password, Token, Creds string
+	// NKey is the path of an nkey seed file to authenticate with.
+	NKey string
 	// TLS settings; a zero value means no client TLS configuration.
 	TLSCA, TLSCert, TLSKey string
 	TLSInsecure            bool
@@ -74,6 +76,13 @@ func Connect(cfg ConnectConfig) (*nats.Conn, error) {
 			return nil, fmt.Errorf("nats creds: %w", err)
 		}
 		opts = append(opts, nats.UserCredentials(cfg.Creds))
+	}
+	if cfg.NKey != "" {
+		opt, err := nats.NkeyOptionFromSeed(cfg.NKey)
+		if err != nil {
+			return nil, fmt.Errorf("nats nkey: %w", err)
+		}
+		opts = append(opts, opt)
 	}
 	if cfg.TLSCA != "" || cfg.TLSCert != "" || cfg.TLSInsecure {
 		tc, err := tlsConfig(cfg)

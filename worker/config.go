@@ -24,6 +24,8 @@ type Config struct {
 	// ID names the worker. Required. A random incarnation is appended to it
 	// to form the owner id written into leases and entries.
 	ID string
+	// Version is the build's version, reported in the worker registry.
+	Version string
 	// Names are the fleet's names. Defaults to the "fleet" prefix.
 	Names broker.Names
 	// Backend creates agents. Required.

@@ -27,6 +27,7 @@ const (
 type WorkerRecord struct {
 	ID           string    `json:"id"`
 	Owner        string    `json:"owner"`
+	Version      string    `json:"version,omitempty"`
 	State        string    `json:"state"`
 	Host         string    `json:"host"`
 	PID          int       `json:"pid"`
@@ -55,7 +56,7 @@ func (w *Worker) registryKey() string { return session.LaneToken(w.cfg.ID) }
 func (w *Worker) record(state string) WorkerRecord {
 	host, _ := os.Hostname()
 	r := WorkerRecord{
-		ID: w.cfg.ID, Owner: w.owner, State: state, Host: host, PID: os.Getpid(), StartedAt: w.started,
+		ID: w.cfg.ID, Owner: w.owner, Version: w.cfg.Version, State: state, Host: host, PID: os.Getpid(), StartedAt: w.started,
 		HeartbeatAt: time.Now(), LanesOwned: w.LanesOwned(), TurnsRunning: w.turns.inUse(),
 		Turns: w.stats.Turns.Load(), Takeovers: w.stats.Takeovers.Load(), Recoveries: w.stats.Recoveries.Load(),
 		DeadLetters: w.stats.DeadLetters.Load(), CacheSize: w.cache.len(), Watcher: w.watcherLeader.Load(),

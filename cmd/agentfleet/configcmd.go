@@ -5,10 +5,8 @@ import (
 	"fmt"
 
 	"github.com/urfave/cli/v2"
-	"go.yaml.in/yaml/v3"
 
-	"github.com/agentfleet/agentfleet/broker"
-	"github.com/agentfleet/agentfleet/config"
+	"github.com/agentfleet/agentfleet/cmd/internal/cliutil"
 )
 
 func configCommand() *cli.Command {
@@ -30,9 +28,9 @@ func configCommand() *cli.Command {
 				if c.Bool("json") {
 					enc := json.NewEncoder(c.App.Writer)
 					enc.SetIndent("", "  ")
-					return enc.Encode(redacted(cfg))
+					return enc.Encode(cliutil.Redacted(cfg))
 				}
-				out, err := showConfig(cfg, src)
+				out, err := cliutil.ShowConfig(cfg, src)
 				if err != nil {
 					return err
 				}
@@ -40,44 +38,5 @@ func configCommand() *cli.Command {
 				return err
 			},
 		}},
-	}
-}
-
-// showConfig renders cfg as YAML with its secrets redacted, each value
-// that does not come from the defaults commented with its source.
-func showConfig(cfg config.Config, src config.Sources) (string, error) {
-	var root yaml.Node
-	if err := root.Encode(redacted(cfg)); err != nil {
-		return "", err
-	}
-	annotate(&root, "", src)
-	out, err := yaml.Marshal(&root)
-	if err != nil {
-		return "", err
-	}
-	return "# agentfleet effective configuration (secrets [redacted]); keys without a comment have their default\n" + string(out), nil
-}
-
-// redacted is cfg.Redacted() with credentials inside nats.url redacted too.
-func redacted(cfg config.Config) config.Config {
-	r := cfg.Redacted()
-	r.NATS.URL = broker.RedactURL(r.NATS.URL)
-	return r
-}
-
-func annotate(n *yaml.Node, path string, src config.Sources) {
-	if n.Kind != yaml.MappingNode {
-		return
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		p := k.Value
-		if path != "" {
-			p = path + "." + k.Value
-		}
-		if from := src.Of(p); from != "" && v.Kind == yaml.ScalarNode {
-			v.LineComment = "from " + from
-		}
-		annotate(v, p, src)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/agentfleet/agentfleet/cmd/internal/cliutil"
 	"github.com/agentfleet/agentfleet/config"
 )
 
@@ -21,7 +22,8 @@ import (
 var version = "0.1.0-dev"
 
 func main() {
-	if err := newApp().Run(os.Args); err != nil {
+	app := newApp()
+	if err := app.Run(cliutil.Reorder(app, os.Args)); err != nil {
 		fmt.Fprintln(os.Stderr, "agentfleet:", err)
 		os.Exit(1)
 	}
@@ -32,12 +34,15 @@ func newApp() *cli.App {
 		Name:    "agentfleet",
 		Usage:   "the session runtime between chat platforms and LLM agents, on NATS JetStream",
 		Version: version,
+		// Flags go anywhere (main reorders them) and the shell completes
+		// commands and flags (agentfleet completion bash|zsh|fish).
+		EnableBashCompletion: true,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "YAML configuration `FILE`", EnvVars: []string{"AGENTFLEET_CONFIG"}},
 			&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error (telemetry.log_level)"},
 			&cli.StringFlag{Name: "log-format", Usage: "text or json (telemetry.log_format)"},
 		},
-		Commands: []*cli.Command{upCommand(), natsCommand(), workerCommand(), ingressCommand(), benchCommand(), configCommand()},
+		Commands: []*cli.Command{upCommand(), natsCommand(), workerCommand(), ingressCommand(), benchCommand(), configCommand(), cliutil.CompletionCommand()},
 	}
 }
 

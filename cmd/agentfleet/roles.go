@@ -141,7 +141,7 @@ func (rt *runtime) workerConfig(id string, b agent.Backend, restart bool) worker
 	keys := c.KeyOptions()
 	keys.WhatsApp = wa
 	return worker.Config{
-		ID: id, Names: rt.names, Backend: b,
+		ID: id, Version: version, Names: rt.names, Backend: b,
 		LeaseTTL: c.Lease.TTL.Duration(), LeaseMargin: c.Lease.Margin.Duration(),
 		Linger: c.Worker.Linger.Duration(), MaxLanes: c.Worker.Lanes, MaxTurns: c.Worker.Turns,
 		MaxTurnMessages: c.Worker.MaxTurnMessages, MaxTurnBytes: c.Worker.MaxTurnBytes, BusyMode: c.Worker.BusyMode,

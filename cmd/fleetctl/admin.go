@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"text/tabwriter"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -170,12 +169,11 @@ func deadLetterCommand() *cli.Command {
 						}
 						return printJSON(c.App.Writer, map[string]any{"dead_letters": dls})
 					}
-					w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-					fmt.Fprintln(w, "SEQ\tSESSION KEY\tINBOX SEQ\tREASON\tTEXT")
+					t := newTable("SEQ", "SESSION KEY", "INBOX SEQ", "AT", "REASON", "TEXT")
 					for _, d := range dls {
-						fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%q\n", d.Seq, d.SessionKey, d.InboxSeq, d.Reason, d.Message.Text)
+						t.row(d.Seq, d.SessionKey, d.InboxSeq, d.At.UTC().Format(time.RFC3339), d.Reason, fmt.Sprintf("%q", d.Message.Text))
 					}
-					return w.Flush()
+					return t.print(c.App.Writer)
 				},
 			},
 			{

@@ -5,14 +5,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -20,6 +18,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/cmd/internal/cliutil"
 	"github.com/agentfleet/agentfleet/config"
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
@@ -30,34 +29,39 @@ import (
 var version = "0.1.0-dev"
 
 func main() {
-	if err := newApp(os.Stdout).Run(os.Args); err != nil {
+	if err := run(os.Stdout, os.Args); err != nil {
 		fmt.Fprintln(os.Stderr, "fleetctl:", err)
 		os.Exit(1)
 	}
+}
+
+// run runs fleetctl with args (args[0] is the program), every flag in any
+// position.
+func run(out io.Writer, args []string) error {
+	app := newApp(out)
+	return app.Run(cliutil.Reorder(app, args))
 }
 
 var jsonFlag = &cli.BoolFlag{Name: "json", Usage: "print one JSON document"}
 
 func newApp(out io.Writer) *cli.App {
 	return &cli.App{
-		Name:    "fleetctl",
-		Usage:   "inspect and administer an agentfleet deployment",
-		Version: version,
-		Writer:  out,
-		Flags: []cli.Flag{
+		Name:                 "fleetctl",
+		Usage:                "inspect and administer an agentfleet deployment",
+		Version:              version,
+		Writer:               out,
+		EnableBashCompletion: true,
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "YAML configuration `FILE`", EnvVars: []string{"AGENTFLEET_CONFIG"}},
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "overall timeout"},
-		},
-		Commands: []*cli.Command{keyCommand(), sessionCommand(), transcriptCommand(), workerCommand(), deadLetterCommand()},
+		}, connectionFlags()...),
+		Commands: []*cli.Command{keyCommand(), sessionCommand(), laneCommand(), transcriptCommand(), workerCommand(), deadLetterCommand(), configCommand(), cliutil.CompletionCommand()},
 	}
 }
 
 func loadConfig(c *cli.Context) (config.Config, error) {
-	cfg, err := config.Load(c.String("config"), os.LookupEnv)
-	if err != nil {
-		return cfg, err
-	}
-	return cfg, cfg.Validate()
+	s, err := loadSettings(c)
+	return s.cfg, err
 }
 
 // client is a connection with the fleet's handles.
@@ -68,13 +72,15 @@ type client struct {
 	res   *broker.Resources
 	store *kv.Store
 	tx    *transcript.Log
+	cfg   config.Config
 }
 
 func dial(c *cli.Context) (*client, context.Context, context.CancelFunc, error) {
-	cfg, err := loadConfig(c)
+	s, err := loadSettings(c)
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	cfg := s.cfg
 	names, err := broker.NewNames(cfg.NATS.Prefix)
 	if err != nil {
 		return nil, nil, nil, err
@@ -84,7 +90,7 @@ func dial(c *cli.Context) (*client, context.Context, context.CancelFunc, error) 
 	// the command's own --timeout.
 	wait := min(cfg.NATS.ConnectWait.Duration(), c.Duration("timeout"))
 	nc, err := broker.ConnectWait(ctx, broker.ConnectConfig{URL: cfg.NATS.URL, Name: "fleetctl", User: cfg.NATS.User, Password: cfg.NATS.Password,
-		Token: cfg.NATS.Token, Creds: cfg.NATS.Creds, TLSCA: cfg.NATS.TLS.CA, TLSCert: cfg.NATS.TLS.Cert, TLSKey: cfg.NATS.TLS.Key,
+		Token: cfg.NATS.Token, Creds: cfg.NATS.Creds, NKey: s.nkey, TLSCA: cfg.NATS.TLS.CA, TLSCert: cfg.NATS.TLS.Cert, TLSKey: cfg.NATS.TLS.Key,
 		TLSInsecure: cfg.NATS.TLS.InsecureSkipVerify, Timeout: cfg.NATS.ConnectTimeout.Duration(),
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}, wait)
 	if err != nil {
@@ -109,7 +115,7 @@ func dial(c *cli.Context) (*client, context.Context, context.CancelFunc, error) 
 		nc.Close()
 		return nil, nil, nil, err
 	}
-	cl := &client{nc: nc, js: js, names: names, res: res, store: kv.NewStore(res, nil), tx: tx}
+	cl := &client{nc: nc, js: js, names: names, res: res, store: kv.NewStore(res, nil), tx: tx, cfg: cfg}
 	return cl, ctx, func() { cancel(); nc.Close() }, nil
 }
 
@@ -157,12 +163,6 @@ func openResources(ctx context.Context, js jetstream.JetStream, n broker.Names) 
 	}
 	res.InboxID = res.Inbox.CachedInfo().Config.Metadata[broker.InboxIDMetadata]
 	return res, nil
-}
-
-func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }
 
 func keyCommand() *cli.Command {
@@ -284,8 +284,8 @@ func sessionCommand() *cli.Command {
 						return printJSON(c.App.Writer, map[string]any{"lane": lane, "revision": rev, "lease_holder": holder,
 							"queue_depth": queued, "pending": pending, "entry": e})
 					}
-					w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-					row := func(k string, v any) { fmt.Fprintf(w, "%s:\t%v\n", k, v) }
+					f := newFields()
+					row := f.add
 					row("session_key", e.SessionKey)
 					row("lane", lane)
 					row("session_id", e.SessionID)
@@ -307,7 +307,7 @@ func sessionCommand() *cli.Command {
 					row("interrupted_turns", e.InterruptedTurns)
 					row("parent_session_id", e.ParentSessionID)
 					row("revision", rev)
-					return w.Flush()
+					return f.print(c.App.Writer)
 				},
 			},
 			{
@@ -330,8 +330,7 @@ func sessionCommand() *cli.Command {
 						}
 						return printJSON(c.App.Writer, map[string]any{"sessions": entries})
 					}
-					w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-					fmt.Fprintln(w, "SESSION KEY\tSESSION ID\tUPDATED\tOWNER\tCOMMITTED\tFLAGS")
+					t := newTable("SESSION KEY", "SESSION ID", "UPDATED", "OWNER", "COMMITTED", "FLAGS")
 					for _, e := range entries {
 						var flags []string
 						if e.Turn != nil {
@@ -343,9 +342,9 @@ func sessionCommand() *cli.Command {
 						if e.ResumePending {
 							flags = append(flags, "resume_pending")
 						}
-						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", e.SessionKey, e.SessionID, e.UpdatedAt.Format(time.RFC3339), e.Owner, e.CommittedSeq, strings.Join(flags, ","))
+						t.row(e.SessionKey, e.SessionID, e.UpdatedAt.Format(time.RFC3339), e.Owner, e.CommittedSeq, strings.Join(flags, ","))
 					}
-					return w.Flush()
+					return t.print(c.App.Writer)
 				},
 			},
 		}, adminCommands()...),
@@ -446,19 +445,18 @@ func workerCommand() *cli.Command {
 					}
 					return printJSON(c.App.Writer, map[string]any{"workers": recs})
 				}
-				w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 				// A worker is shown as it appears in logs, leases and
 				// entries: its owner id, <worker id>/<incarnation>.
-				fmt.Fprintln(w, "WORKER\tSTATE\tLANES\tTURNS RUNNING\tTURNS\tTAKEOVERS\tHEARTBEAT\tHOST/PID\tWATCHER\tEXPIRY WAKES")
+				t := newTable("WORKER", "STATE", "VERSION", "LANES", "TURNS RUNNING", "TURNS", "TAKEOVERS", "HEARTBEAT", "HOST/PID", "WATCHER")
 				for _, r := range recs {
 					owner := r.Owner
 					if owner == "" {
 						owner = r.ID
 					}
-					fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s/%d\t%v\t%d\n", owner, r.State, r.LanesOwned, r.TurnsRunning, r.Turns, r.Takeovers,
-						r.HeartbeatAt.Format(time.RFC3339), r.Host, r.PID, r.Watcher, r.ExpiryWakes)
+					t.row(owner, r.State, r.Version, r.LanesOwned, r.TurnsRunning, r.Turns, r.Takeovers,
+						r.HeartbeatAt.Format(time.RFC3339), fmt.Sprintf("%s/%d", r.Host, r.PID), r.Watcher)
 				}
-				return w.Flush()
+				return t.print(c.App.Writer)
 			},
 		}},
 	}

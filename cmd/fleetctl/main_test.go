@@ -23,7 +23,7 @@ import (
 func runCtl(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	var out bytes.Buffer
-	err := newApp(&out).Run(append([]string{"fleetctl"}, args...))
+	err := run(&out, append([]string{"fleetctl"}, args...))
 	return out.String(), err
 }
 
