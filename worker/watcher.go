@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,6 +26,17 @@ const (
 	// no turn in flight (see lane.autoResumeDue).
 	internalResume = "resume"
 )
+
+// WakeCommand is the internal command that wakes a lane no worker holds,
+// and WakeMsgID its Msg-Id for a lane's state: the expiry watch, the sweep
+// and `fleetctl lane break-lease` send the same one, so a lane is woken
+// once for a given state.
+const WakeCommand = internalWake
+
+// WakeMsgID is the Msg-Id of the wake-up of lane at committed seq and epoch.
+func WakeMsgID(lane string, committed, epoch uint64) string {
+	return fmt.Sprintf("wake:%s:%d:%d", lane, committed, epoch)
+}
 
 // watcherLoop competes for the watcher lease. The leader follows lease
 // expiries (watchLeaseExpiries), sweeps every WatchInterval for expired

@@ -10,6 +10,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/urfave/cli/v2"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/worker"
 )
 
 // leaseDoc is what a lane's lease key holds, as fleetctl reports it.
@@ -181,7 +185,7 @@ func breakLease(ctx context.Context, cl *client, lane string) (*leaseDoc, error)
 		msg.Data = data
 		_, err = cl.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(cur.Revision), jetstream.WithMsgTTL(time.Second))
 		if err == nil {
-			return cur, nil
+			return cur, wakeAfterBreak(ctx, cl, lane)
 		}
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
@@ -190,4 +194,53 @@ func breakLease(ctx context.Context, cl *client, lane string) (*leaseDoc, error)
 		return nil, fmt.Errorf("break the lease of %s: %w", lane, err)
 	}
 	return nil, fmt.Errorf("break the lease of %s: it keeps changing; try again", lane)
+}
+
+// wakeAfterBreak waits for the server to expire the placeholder lease and
+// then wakes the lane if it has work, with the wake-up the expiry watch
+// sends (same Msg-Id, so the lane is woken once): the takeover does not
+// depend on which worker leads the watch, nor on the old owner's
+// deliveries coming back.
+func wakeAfterBreak(ctx context.Context, cl *client, lane string) error {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		cur, err := readLease(ctx, cl, lane)
+		if err != nil {
+			return err
+		}
+		if cur != nil && cur.Owner != breakOwner {
+			return nil // taken over already
+		}
+		if cur == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("lease broken; waiting for its expiry to wake the lane: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+	e, _, err := cl.store.Get(ctx, lane)
+	if err != nil {
+		return err
+	}
+	stranded := e.Turn != nil
+	if !stranded {
+		last, err := cl.res.Inbox.GetLastMsgForSubject(ctx, cl.names.InboxSubject(session.Partition(cl.names.Prefix(), lane), lane))
+		stranded = err == nil && (e.InboxID != cl.res.InboxID || last.Sequence > e.CommittedSeq)
+	}
+	if !stranded {
+		return nil
+	}
+	body, err := json.Marshal(session.Inbound{SessionKey: e.SessionKey, Kind: session.KindInternal, Command: worker.WakeCommand, ReceivedAt: time.Now()})
+	if err != nil {
+		return err
+	}
+	msg := nats.NewMsg(cl.names.InboxSubject(session.Partition(cl.names.Prefix(), lane), lane))
+	msg.Data = body
+	msg.Header.Set(broker.HdrSessionKey, e.SessionKey)
+	msg.Header.Set(broker.HdrKind, session.KindInternal)
+	_, err = cl.js.PublishMsg(ctx, msg, jetstream.WithMsgID(worker.WakeMsgID(lane, e.CommittedSeq, e.LeaseEpoch)))
+	return err
 }
