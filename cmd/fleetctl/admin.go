@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"time"
 
@@ -139,8 +140,9 @@ type DeadLetter struct {
 
 func deadLetterCommand() *cli.Command {
 	return &cli.Command{
-		Name:  "deadletter",
-		Usage: "messages dead-lettered after repeated interrupted turns",
+		Name:    "dlq",
+		Aliases: []string{"deadletter"},
+		Usage:   "messages dead-lettered after repeated interrupted turns",
 		Subcommands: []*cli.Command{
 			{
 				Name: "ls", Usage: "list dead letters (optionally of one lane)", ArgsUsage: "[KEY_OR_SESSION_ID]",
@@ -169,20 +171,55 @@ func deadLetterCommand() *cli.Command {
 						}
 						return printJSON(c.App.Writer, map[string]any{"dead_letters": dls})
 					}
-					t := newTable("SEQ", "SESSION KEY", "INBOX SEQ", "AT", "REASON", "TEXT")
-					for _, d := range dls {
-						t.row(d.Seq, d.SessionKey, d.InboxSeq, d.At.UTC().Format(time.RFC3339), d.Reason, fmt.Sprintf("%q", d.Message.Text))
-					}
-					return t.print(c.App.Writer)
+					return renderDeadLetters(c.App.Writer, dls)
 				},
 			},
 			{
-				Name: "replay", Usage: "publish a dead-lettered message into its lane's inbox again", ArgsUsage: "SEQ",
+				Name: "show", Usage: "one dead letter: the message, why and where it was dead-lettered", ArgsUsage: "SEQ",
 				Flags: []cli.Flag{jsonFlag},
 				Action: func(c *cli.Context) error {
 					seq, err := strconv.ParseUint(c.Args().First(), 10, 64)
 					if c.NArg() != 1 || err != nil {
-						return errors.New("usage: fleetctl deadletter replay SEQ (from deadletter ls)")
+						return errors.New("usage: fleetctl dlq show SEQ (from dlq ls)")
+					}
+					cl, ctx, done, err := dial(c)
+					if err != nil {
+						return err
+					}
+					defer done()
+					d, _, err := getDeadLetter(ctx, cl, seq)
+					if err != nil {
+						return err
+					}
+					if c.Bool("json") {
+						return printJSON(c.App.Writer, d)
+					}
+					f := newFields()
+					f.add("seq", d.Seq)
+					f.add("at", d.At.UTC().Format(time.RFC3339))
+					f.add("session_key", d.SessionKey)
+					f.add("lane", d.Lane)
+					f.add("session_id", d.SessionID)
+					f.add("turn_id", d.TurnID)
+					f.add("inbox_seq", d.InboxSeq)
+					f.add("reason", d.Reason)
+					f.add("kind", d.Message.Kind)
+					f.add("text", fmt.Sprintf("%q", d.Message.Text))
+					return f.print(c.App.Writer)
+				},
+			},
+			{
+				Name: "purge", Usage: "delete dead letters: one (--seq), a lane's (KEY_OR_SESSION_ID) or all (--all)", ArgsUsage: "[KEY_OR_SESSION_ID]",
+				Flags: []cli.Flag{jsonFlag, &cli.Uint64Flag{Name: "seq", Usage: "the dead letter `SEQ` to delete"}, &cli.BoolFlag{Name: "all", Usage: "every dead letter"}},
+				Action: func(c *cli.Context) error {
+					modes := 0
+					for _, set := range []bool{c.NArg() == 1, c.IsSet("seq"), c.Bool("all")} {
+						if set {
+							modes++
+						}
+					}
+					if modes != 1 || c.NArg() > 1 {
+						return errors.New("usage: fleetctl dlq purge KEY_OR_SESSION_ID | --seq SEQ | --all")
 					}
 					cl, ctx, done, err := dial(c)
 					if err != nil {
@@ -193,13 +230,59 @@ func deadLetterCommand() *cli.Command {
 					if err != nil {
 						return err
 					}
-					raw, err := ev.GetMsg(ctx, seq)
-					if err != nil {
-						return fmt.Errorf("dead letter %d: %w", seq, err)
+					var purged uint64
+					switch {
+					case c.IsSet("seq"):
+						if _, _, err := getDeadLetter(ctx, cl, c.Uint64("seq")); err != nil {
+							return err
+						}
+						if err := ev.DeleteMsg(ctx, c.Uint64("seq")); err != nil {
+							return fmt.Errorf("delete dead letter %d: %w", c.Uint64("seq"), err)
+						}
+						purged = 1
+					default:
+						filter := cl.names.DeadLetterWildcard()
+						if c.NArg() == 1 {
+							lane, err := resolveLane(ctx, cl, c.Args().First())
+							if err != nil {
+								return err
+							}
+							filter = cl.names.DeadLetterSubject(lane)
+						}
+						dls, err := readDeadLetters(ctx, cl, filter)
+						if err != nil {
+							return err
+						}
+						if len(dls) > 0 {
+							if err := ev.Purge(ctx, jetstream.WithPurgeSubject(filter)); err != nil {
+								return err
+							}
+						}
+						purged = uint64(len(dls))
 					}
-					d, ok := decodeDeadLetter(cl, raw)
-					if !ok {
-						return fmt.Errorf("message %d is not a dead letter", seq)
+					if c.Bool("json") {
+						return printJSON(c.App.Writer, map[string]any{"purged": purged})
+					}
+					fmt.Fprintf(c.App.Writer, "purged %d dead letter(s)\n", purged)
+					return nil
+				},
+			},
+			{
+				Name: "replay", Usage: "publish a dead-lettered message into its lane's inbox again", ArgsUsage: "SEQ",
+				Flags: []cli.Flag{jsonFlag},
+				Action: func(c *cli.Context) error {
+					seq, err := strconv.ParseUint(c.Args().First(), 10, 64)
+					if c.NArg() != 1 || err != nil {
+						return errors.New("usage: fleetctl dlq replay SEQ (from dlq ls)")
+					}
+					cl, ctx, done, err := dial(c)
+					if err != nil {
+						return err
+					}
+					defer done()
+					d, raw, err := getDeadLetter(ctx, cl, seq)
+					if err != nil {
+						return err
 					}
 					// The replay is a new message: its platform id already
 					// belongs to the dead-lettered one, so it is dropped (the
@@ -268,4 +351,28 @@ func readDeadLetters(ctx context.Context, cl *client, filter string) ([]DeadLett
 		}
 		seq = raw.Sequence + 1
 	}
+}
+
+func getDeadLetter(ctx context.Context, cl *client, seq uint64) (DeadLetter, *jetstream.RawStreamMsg, error) {
+	ev, err := cl.js.Stream(ctx, cl.names.EventStream())
+	if err != nil {
+		return DeadLetter{}, nil, err
+	}
+	raw, err := ev.GetMsg(ctx, seq)
+	if err != nil {
+		return DeadLetter{}, nil, fmt.Errorf("dead letter %d: %w", seq, err)
+	}
+	d, ok := decodeDeadLetter(cl, raw)
+	if !ok {
+		return DeadLetter{}, nil, fmt.Errorf("message %d is not a dead letter", seq)
+	}
+	return d, raw, nil
+}
+
+func renderDeadLetters(w io.Writer, dls []DeadLetter) error {
+	t := newTable("SEQ", "SESSION KEY", "INBOX SEQ", "AT", "REASON", "TEXT")
+	for _, d := range dls {
+		t.row(d.Seq, d.SessionKey, d.InboxSeq, d.At.UTC().Format(time.RFC3339), d.Reason, fmt.Sprintf("%q", d.Message.Text))
+	}
+	return t.print(w)
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/transcript"
-	"github.com/agentfleet/agentfleet/worker"
 )
 
 var version = "0.1.0-dev"
@@ -55,7 +54,8 @@ func newApp(out io.Writer) *cli.App {
 			&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "YAML configuration `FILE`", EnvVars: []string{"AGENTFLEET_CONFIG"}},
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "overall timeout"},
 		}, connectionFlags()...),
-		Commands: []*cli.Command{keyCommand(), sessionCommand(), laneCommand(), transcriptCommand(), workerCommand(), deadLetterCommand(), configCommand(), cliutil.CompletionCommand()},
+		Commands: []*cli.Command{keyCommand(), sessionCommand(), laneCommand(), transcriptCommand(), workerCommand(), deadLetterCommand(),
+			eventsCommand(), streamCommand(), configCommand(), cliutil.CompletionCommand()},
 	}
 }
 
@@ -76,6 +76,12 @@ type client struct {
 }
 
 func dial(c *cli.Context) (*client, context.Context, context.CancelFunc, error) {
+	return dialFor(c, false)
+}
+
+// dialFor connects within --timeout; a command that follows the fleet
+// (follow) then runs until it is done or interrupted, without the timeout.
+func dialFor(c *cli.Context, follow bool) (*client, context.Context, context.CancelFunc, error) {
 	s, err := loadSettings(c)
 	if err != nil {
 		return nil, nil, nil, err
@@ -116,6 +122,10 @@ func dial(c *cli.Context) (*client, context.Context, context.CancelFunc, error) 
 		return nil, nil, nil, err
 	}
 	cl := &client{nc: nc, js: js, names: names, res: res, store: kv.NewStore(res, nil), tx: tx, cfg: cfg}
+	if follow {
+		cancel()
+		ctx, cancel = context.WithCancel(c.Context)
+	}
 	return cl, ctx, func() { cancel(); nc.Close() }, nil
 }
 
@@ -310,43 +320,7 @@ func sessionCommand() *cli.Command {
 					return f.print(c.App.Writer)
 				},
 			},
-			{
-				Name:  "ls",
-				Usage: "list every session entry, most recently updated first",
-				Flags: []cli.Flag{jsonFlag, &cli.IntFlag{Name: "active", Usage: "only entries updated within `MINUTES`"}},
-				Action: func(c *cli.Context) error {
-					cl, ctx, done, err := dial(c)
-					if err != nil {
-						return err
-					}
-					defer done()
-					entries, err := cl.store.ListSessions(ctx, c.Int("active"))
-					if err != nil {
-						return err
-					}
-					if c.Bool("json") {
-						if entries == nil {
-							entries = []*session.SessionEntry{}
-						}
-						return printJSON(c.App.Writer, map[string]any{"sessions": entries})
-					}
-					t := newTable("SESSION KEY", "SESSION ID", "UPDATED", "OWNER", "COMMITTED", "FLAGS")
-					for _, e := range entries {
-						var flags []string
-						if e.Turn != nil {
-							flags = append(flags, "turn")
-						}
-						if e.Suspended {
-							flags = append(flags, "suspended")
-						}
-						if e.ResumePending {
-							flags = append(flags, "resume_pending")
-						}
-						t.row(e.SessionKey, e.SessionID, e.UpdatedAt.Format(time.RFC3339), e.Owner, e.CommittedSeq, strings.Join(flags, ","))
-					}
-					return t.print(c.App.Writer)
-				},
-			},
+			sessionLsCommand(), sessionWatchCommand(), sessionHistoryCommand(),
 		}, adminCommands()...),
 	}
 }
@@ -355,26 +329,45 @@ func transcriptCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "transcript",
 		Usage:     "print the transcript entries of a session in order",
-		ArgsUsage: "SESSION_ID",
+		ArgsUsage: "KEY_OR_LANE_OR_SESSION_ID",
 		Flags:     []cli.Flag{jsonFlag, &cli.BoolFlag{Name: "all", Usage: "include control entries (fences, turn ends, rewinds) and rewound entries"}},
 		Action: func(c *cli.Context) error {
-			if c.NArg() != 1 || !session.ValidSessionID(c.Args().First()) {
-				return errors.New("usage: fleetctl transcript SESSION_ID (YYYYMMDD_HHMMSS_<8hex>)")
+			if c.NArg() != 1 {
+				return errors.New("usage: fleetctl transcript KEY_OR_LANE_OR_SESSION_ID")
+			}
+			arg := c.Args().First()
+			if !session.ValidSessionID(arg) && !strings.Contains(arg, ":") {
+				if _, err := session.ParseLaneToken(arg); err != nil {
+					return fmt.Errorf("%q is not a session key, lane or SESSION_ID (YYYYMMDD_HHMMSS_<8hex>)", arg)
+				}
 			}
 			cl, ctx, done, err := dial(c)
 			if err != nil {
 				return err
 			}
 			defer done()
-			entries, _, err := cl.tx.Load(ctx, c.Args().First())
+			sid := arg
+			if !session.ValidSessionID(arg) {
+				// A key or lane: its current session.
+				lane := arg
+				if strings.Contains(arg, ":") {
+					lane = session.LaneToken(arg)
+				}
+				e, _, err := cl.store.Get(ctx, lane)
+				if err != nil {
+					return fmt.Errorf("session %s: %w", arg, err)
+				}
+				sid = e.SessionID
+			}
+			entries, _, err := cl.tx.Load(ctx, sid)
 			if err != nil {
 				return err
 			}
 			if len(entries) == 0 {
 				// An empty transcript subject: the session id names no
 				// session this fleet ever wrote to.
-				if _, lerr := cl.store.LookupIndex(ctx, c.Args().First()); lerr != nil {
-					return fmt.Errorf("no session %s in this fleet", c.Args().First())
+				if _, lerr := cl.store.LookupIndex(ctx, sid); lerr != nil {
+					return fmt.Errorf("no session %s in this fleet", sid)
 				}
 			}
 			if !c.Bool("all") {
@@ -396,7 +389,7 @@ func transcriptCommand() *cli.Command {
 				for _, e := range entries {
 					rows = append(rows, row{Seq: e.Seq, Entry: e, Deleted: e.Deleted})
 				}
-				return printJSON(c.App.Writer, map[string]any{"session_id": c.Args().First(), "entries": rows})
+				return printJSON(c.App.Writer, map[string]any{"session_id": sid, "entries": rows})
 			}
 			for _, e := range entries {
 				who := e.Role
@@ -418,46 +411,5 @@ func transcriptCommand() *cli.Command {
 			}
 			return nil
 		},
-	}
-}
-
-func workerCommand() *cli.Command {
-	return &cli.Command{
-		Name:  "worker",
-		Usage: "the worker registry",
-		Subcommands: []*cli.Command{{
-			Name:  "ls",
-			Usage: "list workers: state, lanes owned, turns running (stopped workers stay listed for an hour)",
-			Flags: []cli.Flag{jsonFlag},
-			Action: func(c *cli.Context) error {
-				cl, ctx, done, err := dial(c)
-				if err != nil {
-					return err
-				}
-				defer done()
-				recs, err := worker.ListWorkers(ctx, cl.res.Workers)
-				if err != nil {
-					return err
-				}
-				if c.Bool("json") {
-					if recs == nil {
-						recs = []worker.WorkerRecord{}
-					}
-					return printJSON(c.App.Writer, map[string]any{"workers": recs})
-				}
-				// A worker is shown as it appears in logs, leases and
-				// entries: its owner id, <worker id>/<incarnation>.
-				t := newTable("WORKER", "STATE", "VERSION", "LANES", "TURNS RUNNING", "TURNS", "TAKEOVERS", "HEARTBEAT", "HOST/PID", "WATCHER")
-				for _, r := range recs {
-					owner := r.Owner
-					if owner == "" {
-						owner = r.ID
-					}
-					t.row(owner, r.State, r.Version, r.LanesOwned, r.TurnsRunning, r.Turns, r.Takeovers,
-						r.HeartbeatAt.Format(time.RFC3339), fmt.Sprintf("%s/%d", r.Host, r.PID), r.Watcher)
-				}
-				return t.print(c.App.Writer)
-			},
-		}},
 	}
 }

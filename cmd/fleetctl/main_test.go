@@ -67,7 +67,7 @@ func TestKeyRejectsBadInput(t *testing.T) {
 }
 
 func TestTranscriptRejectsBadSessionID(t *testing.T) {
-	if _, err := runCtl(t, "transcript", "not-a-session"); err == nil || !strings.Contains(err.Error(), "SESSION_ID") {
+	if _, err := runCtl(t, "transcript", "not/a session"); err == nil || !strings.Contains(err.Error(), "not a session key, lane or SESSION_ID") {
 		t.Fatalf("bad session id: %v", err)
 	}
 }
