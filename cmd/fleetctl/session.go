@@ -113,7 +113,13 @@ type entryChange struct {
 }
 
 func toChange(u jetstream.KeyValueEntry) entryChange {
-	ch := entryChange{Lane: u.Key(), Revision: u.Revision(), Operation: strings.ToLower(strings.TrimPrefix(u.Operation().String(), "KeyValue")), At: u.Created()}
+	ch := entryChange{Lane: u.Key(), Revision: u.Revision(), Operation: "put", At: u.Created()}
+	switch u.Operation() {
+	case jetstream.KeyValueDelete:
+		ch.Operation = "delete"
+	case jetstream.KeyValuePurge:
+		ch.Operation = "purge"
+	}
 	if u.Operation() == jetstream.KeyValuePut {
 		var e session.SessionEntry
 		if json.Unmarshal(u.Value(), &e) == nil {
