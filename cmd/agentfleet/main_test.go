@@ -2,10 +2,13 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/agentfleet/agentfleet/cmd/internal/cliutil"
 )
 
 func TestBadConfigIsRefusedNamingFieldAndValue(t *testing.T) {
@@ -122,5 +125,43 @@ func TestConfigShow(t *testing.T) {
 	}
 	if strings.Contains(s, "file-secret") || strings.Contains(s, "url-secret") || strings.Contains(s, "ignored") {
 		t.Errorf("config show leaks a secret or shows the overridden NATS_URL:\n%s", s)
+	}
+}
+
+// TestFlagsInAnyPosition: agentfleet reads global flags after the
+// subcommand and command flags after anything else.
+func TestFlagsInAnyPosition(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(cfg, []byte("worker:\n  lanes: 7\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"agentfleet", "--config", cfg, "--log-level", "debug", "config", "show", "--nats-url", "nats://h:4222", "--json"},
+		{"agentfleet", "config", "show", "--json", "--nats-url", "nats://h:4222", "-c", cfg, "--log-level", "debug"},
+		{"agentfleet", "config", "--log-level=debug", "show", "--json", "-c", cfg, "--nats-url=nats://h:4222"},
+	} {
+		var out bytes.Buffer
+		app := newApp()
+		app.Writer = &out
+		if err := app.Run(cliutil.Reorder(app, args)); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		var doc struct {
+			NATS struct {
+				URL string `json:"url"`
+			} `json:"nats"`
+			Worker struct {
+				Lanes int `json:"lanes"`
+			} `json:"worker"`
+			Telemetry struct {
+				LogLevel string `json:"log_level"`
+			} `json:"telemetry"`
+		}
+		if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out.String())
+		}
+		if doc.NATS.URL != "nats://h:4222" || doc.Worker.Lanes != 7 || doc.Telemetry.LogLevel != "debug" {
+			t.Errorf("%v: %+v", args, doc)
+		}
 	}
 }
