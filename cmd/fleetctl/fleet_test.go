@@ -482,9 +482,10 @@ func TestFlagsInAnyPosition(t *testing.T) {
 		{[]string{"stream", "report"}, nil, []string{"--json"}},
 		{[]string{"config", "show"}, nil, []string{"--json"}},
 		{[]string{"session", "suspend-recent"}, nil, []string{"--max-age", "1ns", "--json"}},
+		{[]string{"top"}, nil, []string{"--interval", "2s", "--json"}},
 	}
 	global := []string{"-s", url, "--timeout", "20s", "-c", cfgFile}
-	volatile := []string{"heartbeat_age", "ttl_left", "heartbeat_at", "renewed_at"}
+	volatile := []string{"heartbeat_age", "ttl_left", "heartbeat_at", "renewed_at", "at", "turns_per_sec"}
 	for _, c := range cases {
 		orders := [][]string{
 			slices.Concat(global, c.path, c.flags, c.pos),

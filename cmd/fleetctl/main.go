@@ -55,7 +55,7 @@ func newApp(out io.Writer) *cli.App {
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "overall timeout"},
 		}, connectionFlags()...),
 		Commands: []*cli.Command{keyCommand(), sessionCommand(), laneCommand(), transcriptCommand(), workerCommand(), deadLetterCommand(),
-			eventsCommand(), streamCommand(), configCommand(), cliutil.CompletionCommand()},
+			eventsCommand(), streamCommand(), topCommand(), configCommand(), cliutil.CompletionCommand()},
 	}
 }
 
