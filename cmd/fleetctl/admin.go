@@ -29,7 +29,7 @@ func adminCommands() []*cli.Command {
 			args += " " + argName
 		}
 		return &cli.Command{
-			Name: name, Usage: usage, ArgsUsage: args, Flags: []cli.Flag{jsonFlag},
+			Name: name, Usage: usage, ArgsUsage: args, Flags: []cli.Flag{jsonFlag()},
 			Action: func(c *cli.Context) error {
 				want := 1
 				if argName != "" {
@@ -75,7 +75,7 @@ func adminCommands() []*cli.Command {
 		{
 			Name:  "suspend-recent",
 			Usage: "mark sessions updated within --max-age resume_pending (after an unclean stop of the whole fleet without markers)",
-			Flags: []cli.Flag{jsonFlag, &cli.DurationFlag{Name: "max-age", Value: 120 * time.Second}},
+			Flags: []cli.Flag{jsonFlag(), &cli.DurationFlag{Name: "max-age", Value: 120 * time.Second}},
 			Action: func(c *cli.Context) error {
 				cl, ctx, done, err := dial(c)
 				if err != nil {
@@ -146,7 +146,7 @@ func deadLetterCommand() *cli.Command {
 		Subcommands: []*cli.Command{
 			{
 				Name: "ls", Usage: "list dead letters (optionally of one lane)", ArgsUsage: "[KEY_OR_SESSION_ID]",
-				Flags: []cli.Flag{jsonFlag},
+				Flags: []cli.Flag{jsonFlag()},
 				Action: func(c *cli.Context) error {
 					cl, ctx, done, err := dial(c)
 					if err != nil {
@@ -176,7 +176,7 @@ func deadLetterCommand() *cli.Command {
 			},
 			{
 				Name: "show", Usage: "one dead letter: the message, why and where it was dead-lettered", ArgsUsage: "SEQ",
-				Flags: []cli.Flag{jsonFlag},
+				Flags: []cli.Flag{jsonFlag()},
 				Action: func(c *cli.Context) error {
 					seq, err := strconv.ParseUint(c.Args().First(), 10, 64)
 					if c.NArg() != 1 || err != nil {
@@ -210,7 +210,7 @@ func deadLetterCommand() *cli.Command {
 			},
 			{
 				Name: "purge", Usage: "delete dead letters: one (--seq), a lane's (KEY_OR_SESSION_ID) or all (--all)", ArgsUsage: "[KEY_OR_SESSION_ID]",
-				Flags: []cli.Flag{jsonFlag, &cli.Uint64Flag{Name: "seq", Usage: "the dead letter `SEQ` to delete"}, &cli.BoolFlag{Name: "all", Usage: "every dead letter"}},
+				Flags: []cli.Flag{jsonFlag(), &cli.Uint64Flag{Name: "seq", Usage: "the dead letter `SEQ` to delete"}, &cli.BoolFlag{Name: "all", Usage: "every dead letter"}},
 				Action: func(c *cli.Context) error {
 					modes := 0
 					for _, set := range []bool{c.NArg() == 1, c.IsSet("seq"), c.Bool("all")} {
@@ -269,7 +269,7 @@ func deadLetterCommand() *cli.Command {
 			},
 			{
 				Name: "replay", Usage: "publish a dead-lettered message into its lane's inbox again", ArgsUsage: "SEQ",
-				Flags: []cli.Flag{jsonFlag},
+				Flags: []cli.Flag{jsonFlag()},
 				Action: func(c *cli.Context) error {
 					seq, err := strconv.ParseUint(c.Args().First(), 10, 64)
 					if c.NArg() != 1 || err != nil {

@@ -30,7 +30,7 @@ func eventsCommand() *cli.Command {
 			Name: "tail",
 			Usage: "follow events until interrupted (new ones; --all or --since for stored ones). " +
 				"With --json, one JSON document per event, one per line",
-			Flags: []cli.Flag{jsonFlag,
+			Flags: []cli.Flag{jsonFlag(),
 				&cli.StringFlag{Name: "kind", Usage: "only events of `KIND`"},
 				&cli.StringFlag{Name: "lane", Usage: "only events of one lane (`KEY`, lane or session id)"},
 				&cli.BoolFlag{Name: "all", Usage: "start with every stored event"},

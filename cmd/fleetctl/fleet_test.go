@@ -154,6 +154,26 @@ func (f *liveFleet) waitCommitted(key string, seq uint64) {
 	})
 }
 
+// waitEntry waits for the lane's entry to have committed seq, reading the
+// bucket directly (no fleetctl run).
+func (f *liveFleet) waitEntry(key string, seq uint64) {
+	f.t.Helper()
+	natstest.WaitFor(f.t, 30*time.Second, "the turn to be committed", func() error {
+		e, err := f.res.Sessions.Get(f.t.Context(), session.LaneToken(key))
+		if err != nil {
+			return err
+		}
+		var se session.SessionEntry
+		if err := json.Unmarshal(e.Value(), &se); err != nil {
+			return err
+		}
+		if se.CommittedSeq < seq || se.Turn != nil {
+			return fmt.Errorf("committed %d", se.CommittedSeq)
+		}
+		return nil
+	})
+}
+
 // TestCommandsAgainstLiveFleet runs the inspection commands against a live
 // fleet and checks what their JSON says.
 func TestCommandsAgainstLiveFleet(t *testing.T) {
@@ -357,21 +377,14 @@ func TestSessionWatchAndAdmin(t *testing.T) {
 		err := run(&out, []string{"fleetctl", "session", "watch", key, "--json", "--count", "1"})
 		got <- result{out.String(), err}
 	}()
-	// The watch starts with updates only: keep changing the entry (admin
-	// /busy commands, applied by the owner) until it has seen one.
+	// The watch starts with updates only: keep changing the entry (new
+	// turns) until it has seen one. (Another fleetctl must not run in this
+	// process meanwhile: urfave/cli's shared help flag is written on every
+	// parse.)
 	var r result
-	modes := []string{"queue", "steer"}
 	for i := 0; ; i++ {
-		var adm struct {
-			Lane    string `json:"lane"`
-			Command string `json:"command"`
-			Seq     uint64 `json:"seq"`
-		}
-		jsonCtl(t, &adm, "session", "busy", key, modes[i%2], "--json")
-		if adm.Command != "busy" || adm.Seq == 0 {
-			t.Fatalf("session busy: %+v", adm)
-		}
-		f.waitCommitted(key, adm.Seq)
+		_, seq := f.post("watch-1", fmt.Sprintf("change %d", i))
+		f.waitEntry(key, seq)
 		select {
 		case r = <-got:
 		case <-time.After(2 * time.Second):
@@ -393,9 +406,23 @@ func TestSessionWatchAndAdmin(t *testing.T) {
 		t.Fatalf("watch: %+v", ch)
 	}
 
-	// suspend through the lane protocol: the owner applies it.
+	// Admin commands go through the lane protocol: the owner applies them.
 	var adm struct {
-		Seq uint64 `json:"seq"`
+		Lane    string `json:"lane"`
+		Command string `json:"command"`
+		Seq     uint64 `json:"seq"`
+	}
+	jsonCtl(t, &adm, "session", "busy", key, "queue", "--json")
+	if adm.Command != "busy" || adm.Seq == 0 || adm.Lane != session.LaneToken(key) {
+		t.Fatalf("session busy: %+v", adm)
+	}
+	f.waitCommitted(key, adm.Seq)
+	var info struct {
+		Entry session.SessionEntry `json:"entry"`
+	}
+	jsonCtl(t, &info, "session", "info", key, "--json")
+	if info.Entry.BusyMode != "queue" {
+		t.Fatalf("after session busy queue: busy mode %q", info.Entry.BusyMode)
 	}
 	jsonCtl(t, &adm, "session", "suspend", key, "--json")
 	f.waitCommitted(key, adm.Seq)
@@ -485,7 +512,10 @@ func TestFlagsInAnyPosition(t *testing.T) {
 		{[]string{"top"}, nil, []string{"--interval", "2s", "--json"}},
 	}
 	global := []string{"-s", url, "--timeout", "20s", "-c", cfgFile}
-	volatile := []string{"heartbeat_age", "ttl_left", "heartbeat_at", "renewed_at", "at", "turns_per_sec"}
+	// What a running fleet changes between two calls: clocks, counters
+	// (a sweep, a heartbeat), consumer and stream state.
+	volatile := []string{"heartbeat_age", "ttl_left", "heartbeat_at", "renewed_at", "at", "turns_per_sec", "sweeps", "expiry_wakes",
+		"waiting", "pending", "ack_pending", "messages", "bytes", "backlog", "in_flight", "revision"}
 	for _, c := range cases {
 		orders := [][]string{
 			slices.Concat(global, c.path, c.flags, c.pos),

@@ -63,7 +63,7 @@ func laneCommand() *cli.Command {
 				Name:      "show",
 				Usage:     "owner, lease TTL left, epoch, committed seq, backlog above it, queue, and the turn in flight",
 				ArgsUsage: "KEY_OR_LANE_OR_SESSION_ID",
-				Flags:     []cli.Flag{jsonFlag},
+				Flags:     []cli.Flag{jsonFlag()},
 				Action: func(c *cli.Context) error {
 					if c.NArg() != 1 {
 						return errors.New("usage: fleetctl lane show KEY_OR_LANE_OR_SESSION_ID")
@@ -127,7 +127,7 @@ func laneCommand() *cli.Command {
 				Usage: "force a takeover: the lease is replaced by a 1s lease of fleetctl's that the server expires, " +
 					"so the fleet handles it exactly like its owner's crash (the owner is fenced; another worker resumes the lane)",
 				ArgsUsage: "KEY_OR_LANE_OR_SESSION_ID",
-				Flags:     []cli.Flag{jsonFlag},
+				Flags:     []cli.Flag{jsonFlag()},
 				Action: func(c *cli.Context) error {
 					if c.NArg() != 1 {
 						return errors.New("usage: fleetctl lane break-lease KEY_OR_LANE_OR_SESSION_ID")

@@ -41,7 +41,9 @@ func run(out io.Writer, args []string) error {
 	return app.Run(cliutil.Reorder(app, args))
 }
 
-var jsonFlag = &cli.BoolFlag{Name: "json", Usage: "print one JSON document"}
+// jsonFlag is a fresh --json flag (urfave/cli writes into a flag when it
+// parses, so apps running at once must not share one).
+func jsonFlag() cli.Flag { return &cli.BoolFlag{Name: "json", Usage: "print one JSON document"} }
 
 func newApp(out io.Writer) *cli.App {
 	return &cli.App{
@@ -186,7 +188,7 @@ func keyCommand() *cli.Command {
 			&cli.StringFlag{Name: "user-id"},
 			&cli.StringFlag{Name: "user-id-alt"},
 			&cli.StringFlag{Name: "thread-id"},
-			jsonFlag,
+			jsonFlag(),
 		},
 		Action: func(c *cli.Context) error {
 			cfg, err := loadConfig(c)
@@ -250,7 +252,7 @@ func sessionCommand() *cli.Command {
 				Name:      "info",
 				Usage:     "show the SessionEntry of a session key or session id",
 				ArgsUsage: "KEY_OR_SESSION_ID",
-				Flags:     []cli.Flag{jsonFlag},
+				Flags:     []cli.Flag{jsonFlag()},
 				Action: func(c *cli.Context) error {
 					if c.NArg() != 1 {
 						return errors.New("usage: fleetctl session info KEY_OR_SESSION_ID")
@@ -330,7 +332,7 @@ func transcriptCommand() *cli.Command {
 		Name:      "transcript",
 		Usage:     "print the transcript entries of a session in order",
 		ArgsUsage: "KEY_OR_LANE_OR_SESSION_ID",
-		Flags:     []cli.Flag{jsonFlag, &cli.BoolFlag{Name: "all", Usage: "include control entries (fences, turn ends, rewinds) and rewound entries"}},
+		Flags:     []cli.Flag{jsonFlag(), &cli.BoolFlag{Name: "all", Usage: "include control entries (fences, turn ends, rewinds) and rewound entries"}},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return errors.New("usage: fleetctl transcript KEY_OR_LANE_OR_SESSION_ID")

@@ -71,7 +71,7 @@ func configCommand() *cli.Command {
 			Name: "show",
 			Usage: "print the effective configuration (default < file < environment < nats context < flags) as YAML; " +
 				"secrets print as [redacted], and a comment says where each value that is not a default came from",
-			Flags: []cli.Flag{jsonFlag},
+			Flags: []cli.Flag{jsonFlag()},
 			Action: func(c *cli.Context) error {
 				s, err := loadSettings(c)
 				if err != nil {

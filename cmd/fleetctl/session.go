@@ -41,7 +41,7 @@ func sessionLsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "ls",
 		Usage: "list session entries, most recently updated first",
-		Flags: []cli.Flag{jsonFlag,
+		Flags: []cli.Flag{jsonFlag(),
 			&cli.StringFlag{Name: "platform", Usage: "only sessions of `PLATFORM` (telegram, slack, whatsapp, discord, http)"},
 			&cli.DurationFlag{Name: "active", Usage: "only entries updated within `DUR` (e.g. 30m)"},
 			&cli.StringFlag{Name: "state", Usage: "only entries in `STATE`: suspended, resume_pending or busy (a turn in flight)"},
@@ -146,7 +146,7 @@ func sessionWatchCommand() *cli.Command {
 		Usage: "follow session entry changes (a KV watch) until interrupted; FILTER is a session key, a lane or a lane pattern " +
 			"(agent.main.telegram.>). With --json, one JSON document per change, one per line",
 		ArgsUsage: "[FILTER]",
-		Flags: []cli.Flag{jsonFlag,
+		Flags: []cli.Flag{jsonFlag(),
 			&cli.BoolFlag{Name: "current", Usage: "print the current entries first"},
 			&cli.IntFlag{Name: "count", Usage: "stop after `N` changes"},
 		},
@@ -214,7 +214,7 @@ func sessionHistoryCommand() *cli.Command {
 		Name:      "history",
 		Usage:     "the stored revisions of a session entry, oldest first (as many as the sessions bucket keeps)",
 		ArgsUsage: "KEY_OR_LANE_OR_SESSION_ID",
-		Flags:     []cli.Flag{jsonFlag},
+		Flags:     []cli.Flag{jsonFlag()},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return errors.New("usage: fleetctl session history KEY_OR_LANE_OR_SESSION_ID")

@@ -151,7 +151,7 @@ func streamCommand() *cli.Command {
 			Name: "report",
 			Usage: "streams and buckets (messages, replicas, retention), consumers (pending, ack pending, redelivered), and warnings " +
 				"for settings the lane protocol cannot work with (max deliver, ack wait, retention, replicas, storage, max consumers)",
-			Flags: []cli.Flag{jsonFlag},
+			Flags: []cli.Flag{jsonFlag()},
 			Action: func(c *cli.Context) error {
 				cl, ctx, done, err := dial(c)
 				if err != nil {

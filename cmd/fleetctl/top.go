@@ -272,7 +272,7 @@ func topCommand() *cli.Command {
 		Name: "top",
 		Usage: "a live view of the fleet: turns/s, accept-to-reply percentiles, backlog, failures and lanes per worker over the last minute; " +
 			"redraws in place, q quits. With --json, one snapshot (once the last minute's events are read) as one JSON document",
-		Flags: []cli.Flag{jsonFlag,
+		Flags: []cli.Flag{jsonFlag(),
 			&cli.DurationFlag{Name: "interval", Value: time.Second, Usage: "redraw every `DUR`"},
 		},
 		Action: func(c *cli.Context) error {

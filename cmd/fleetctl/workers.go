@@ -94,7 +94,7 @@ func workerCommand() *cli.Command {
 			{
 				Name:  "ls",
 				Usage: "list workers: state, version, lanes owned, turns running, cache size, last heartbeat (stopped workers stay listed for an hour)",
-				Flags: []cli.Flag{jsonFlag},
+				Flags: []cli.Flag{jsonFlag()},
 				Action: func(c *cli.Context) error {
 					docs, err := list(c)
 					if err != nil {
@@ -110,7 +110,7 @@ func workerCommand() *cli.Command {
 				Name:      "info",
 				Usage:     "one worker's registry record",
 				ArgsUsage: "WORKER_ID_OR_OWNER",
-				Flags:     []cli.Flag{jsonFlag},
+				Flags:     []cli.Flag{jsonFlag()},
 				Action: func(c *cli.Context) error {
 					if c.NArg() != 1 {
 						return errors.New("usage: fleetctl worker info WORKER_ID_OR_OWNER")
