@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/agent/bridge"
 	"github.com/agentfleet/agentfleet/agent/echo"
 	"github.com/agentfleet/agentfleet/config"
 )
@@ -21,10 +22,11 @@ type BackendFactory func(ctx context.Context, cfg config.Config, log *slog.Logge
 // the --agent flag, to their factories.
 type Backends map[string]BackendFactory
 
-// DefaultBackends returns the backends agentfleet ships: echo.
+// DefaultBackends returns the backends agentfleet ships: echo and bridge.
 func DefaultBackends() Backends {
 	return Backends{
-		"echo": newEcho,
+		"echo":   newEcho,
+		"bridge": newBridge,
 	}
 }
 
@@ -57,6 +59,10 @@ func (b Backends) Names() []string {
 	}
 	slices.Sort(names)
 	return names
+}
+
+func newBridge(_ context.Context, cfg config.Config, log *slog.Logger) (agent.Backend, error) {
+	return bridge.New(bridge.Config{URL: cfg.Agent.Bridge.URL, Token: cfg.Agent.Bridge.Token, Logger: log})
 }
 
 func newEcho(_ context.Context, cfg config.Config, _ *slog.Logger) (agent.Backend, error) {
