@@ -10,6 +10,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/agent/bridge"
 	"github.com/agentfleet/agentfleet/agent/echo"
+	"github.com/agentfleet/agentfleet/agent/openai"
 	"github.com/agentfleet/agentfleet/config"
 )
 
@@ -22,10 +23,12 @@ type BackendFactory func(ctx context.Context, cfg config.Config, log *slog.Logge
 // the --agent flag, to their factories.
 type Backends map[string]BackendFactory
 
-// DefaultBackends returns the backends agentfleet ships: echo and bridge.
+// DefaultBackends returns the backends agentfleet ships: echo, openai and
+// bridge.
 func DefaultBackends() Backends {
 	return Backends{
 		"echo":   newEcho,
+		"openai": newOpenAI,
 		"bridge": newBridge,
 	}
 }
@@ -63,6 +66,24 @@ func (b Backends) Names() []string {
 
 func newBridge(_ context.Context, cfg config.Config, log *slog.Logger) (agent.Backend, error) {
 	return bridge.New(bridge.Config{URL: cfg.Agent.Bridge.URL, Token: cfg.Agent.Bridge.Token, Logger: log})
+}
+
+func newOpenAI(_ context.Context, cfg config.Config, log *slog.Logger) (agent.Backend, error) {
+	o := cfg.Agent.OpenAI
+	prices := make(map[string]openai.Price, len(o.Prices))
+	for model, p := range o.Prices {
+		prices[model] = openai.Price{Input: p.Input, Output: p.Output, CacheRead: p.CacheRead, CacheWrite: p.CacheWrite}
+	}
+	return openai.New(openai.Config{Model: o.Model, BaseURL: o.BaseURL, APIKey: o.APIKey, SystemPrompt: o.SystemPrompt,
+		MaxToolSteps: nonZero(o.MaxToolSteps, -1), MaxRetries: nonZero(o.MaxRetries, -1), Prices: prices, Logger: log})
+}
+
+// nonZero maps a configured 0 ("none") to the backend's word for none.
+func nonZero(v, none int) int {
+	if v == 0 {
+		return none
+	}
+	return v
 }
 
 func newEcho(_ context.Context, cfg config.Config, _ *slog.Logger) (agent.Backend, error) {
