@@ -10,6 +10,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/agent/bridge"
 	"github.com/agentfleet/agentfleet/agent/echo"
+	"github.com/agentfleet/agentfleet/agent/mcp"
 	"github.com/agentfleet/agentfleet/agent/openai"
 	"github.com/agentfleet/agentfleet/config"
 )
@@ -74,8 +75,24 @@ func newOpenAI(_ context.Context, cfg config.Config, log *slog.Logger) (agent.Ba
 	for model, p := range o.Prices {
 		prices[model] = openai.Price{Input: p.Input, Output: p.Output, CacheRead: p.CacheRead, CacheWrite: p.CacheWrite}
 	}
-	return openai.New(openai.Config{Model: o.Model, BaseURL: o.BaseURL, APIKey: o.APIKey, SystemPrompt: o.SystemPrompt,
-		MaxToolSteps: nonZero(o.MaxToolSteps, -1), MaxRetries: nonZero(o.MaxRetries, -1), Prices: prices, Logger: log})
+	oc := openai.Config{Model: o.Model, BaseURL: o.BaseURL, APIKey: o.APIKey, SystemPrompt: o.SystemPrompt,
+		MaxToolSteps: nonZero(o.MaxToolSteps, -1), MaxRetries: nonZero(o.MaxRetries, -1), Prices: prices, Logger: log}
+	if len(o.MCPServers) > 0 {
+		servers := make([]mcp.Server, len(o.MCPServers))
+		for i, s := range o.MCPServers {
+			servers[i] = mcp.Server{Name: s.Name, Command: s.Command, Env: s.Env, URL: s.URL, Headers: s.Headers}
+		}
+		tools, err := mcp.New(mcp.Config{Servers: servers, ToolTimeout: o.ToolTimeout.Duration(), Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		oc.Tools = tools
+	}
+	b, err := openai.New(oc)
+	if err != nil && oc.Tools != nil {
+		_ = oc.Tools.Close()
+	}
+	return b, err
 }
 
 // nonZero maps a configured 0 ("none") to the backend's word for none.
