@@ -89,10 +89,13 @@ func newOpenAI(_ context.Context, cfg config.Config, log *slog.Logger) (agent.Ba
 		oc.Tools = tools
 	}
 	b, err := openai.New(oc)
-	if err != nil && oc.Tools != nil {
-		_ = oc.Tools.Close()
+	if err != nil {
+		if oc.Tools != nil {
+			_ = oc.Tools.Close()
+		}
+		return nil, err
 	}
-	return b, err
+	return b, nil
 }
 
 // nonZero maps a configured 0 ("none") to the backend's word for none.
