@@ -342,7 +342,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		}
 		intent.AgentStarted = intent.Attempt
 	}
-	em := &emitter{l: l, st: st, intent: intent, src: src}
+	em := &emitter{l: l, st: st, intent: intent, src: src, sessionKey: turn.SessionKey}
 	res, runErr, stopCause := l.runAgent(a, em, turn)
 	release()
 	if stopCause == nil && steerErr != nil {
@@ -827,12 +827,18 @@ func (l *lane) emitNotice(st *txState, intent *session.TurnIntent, id, text stri
 // publishReply publishes a reply or notice derived from a stored transcript
 // entry, with the deterministic Msg-Id <session_id>:<tx seq>.
 func (l *lane) publishReply(st *txState, intent *session.TurnIntent, e transcript.Entry, kind string, src session.SessionSource) error {
+	return l.publishReplyAs(l.entry.SessionKey, st, intent, e, kind, src)
+}
+
+// publishReplyAs is publishReply with the lane's session key given, for the
+// agent goroutine (which must not read l.entry: the runner may replace it).
+func (l *lane) publishReplyAs(key string, st *txState, intent *session.TurnIntent, e transcript.Entry, kind string, src session.SessionSource) error {
 	if err := l.checkAlive(); err != nil {
 		return err
 	}
 	pausePoint("reply")
 	r := session.Reply{
-		ID: st.sessionID + ":" + seqString(e.Seq), SessionKey: l.entry.SessionKey, SessionID: st.sessionID,
+		ID: st.sessionID + ":" + seqString(e.Seq), SessionKey: key, SessionID: st.sessionID,
 		TurnID: intent.ID, TxSeq: e.Seq, Kind: kind, Text: e.Content, Platform: src.Platform,
 		ChatID: src.ChatID, ThreadID: src.ThreadID, CreatedAt: e.Timestamp,
 	}
@@ -846,7 +852,7 @@ func (l *lane) publishReply(st *txState, intent *session.TurnIntent, e transcrip
 	}
 	msg := nats.NewMsg(l.w.names.OutboxSubject(platform, l.lane))
 	msg.Data = data
-	msg.Header.Set(broker.HdrSessionKey, l.entry.SessionKey)
+	msg.Header.Set(broker.HdrSessionKey, key)
 	msg.Header.Set(broker.HdrTurnID, intent.ID)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), 5*time.Second)
 	defer cancel()
@@ -891,10 +897,13 @@ type emitter struct {
 	st     *txState
 	intent *session.TurnIntent
 	src    session.SessionSource
-	n      int
-	deltas int
-	usage  agent.Usage
-	err    error // the first durable-write failure, set by the agent goroutine
+	// sessionKey is the lane's, read once by the runner (the agent
+	// goroutine must not read l.entry).
+	sessionKey string
+	n          int
+	deltas     int
+	usage      agent.Usage
+	err        error // the first durable-write failure, set by the agent goroutine
 }
 
 func (e *emitter) fail(err error) error {
@@ -917,7 +926,7 @@ func (e *emitter) Delta(ctx context.Context, text string) error {
 		return nil
 	}
 	e.deltas++
-	data, err := jsonMarshal(session.Delta{SessionKey: e.l.entry.SessionKey, SessionID: e.st.sessionID, TurnID: e.intent.ID,
+	data, err := jsonMarshal(session.Delta{SessionKey: e.sessionKey, SessionID: e.st.sessionID, TurnID: e.intent.ID,
 		Attempt: e.intent.Attempt, N: e.deltas, Text: text})
 	if err != nil {
 		return nil
@@ -939,7 +948,7 @@ func (e *emitter) Message(ctx context.Context, text string) error {
 	if err := e.l.appendOwned(e.st, &en); err != nil {
 		return e.fail(err)
 	}
-	return e.fail(e.l.publishReply(e.st, e.intent, en, session.ReplyKindReply, e.src))
+	return e.fail(e.l.publishReplyAs(e.sessionKey, e.st, e.intent, en, session.ReplyKindReply, e.src))
 }
 
 func (e *emitter) ToolCall(ctx context.Context, call agent.ToolCall) error {
