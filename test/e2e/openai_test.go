@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent/openai/openaitest"
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/transcript"
 )
 
@@ -122,22 +124,34 @@ func TestOpenAIUp(t *testing.T) {
 	}
 
 	// An interrupt mid-stream keeps the partial reply in the transcript.
+	// The interrupt is sent once the model's words reached the fleet (its
+	// deltas are on the lane's delta subject).
+	deltas := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe(c.names.DeltaSubject(session.LaneToken(a.SessionKey)), deltas)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	a3 := c.post("oa-1", "!sleep", "")
-	waitFor(t, 30*time.Second, "the slow turn to stream", func() error {
-		e, err := c.entry(a.SessionKey)
-		if err != nil {
-			return err
-		}
-		if e.Turn == nil || e.Turn.LastSeq < a3.Seq {
-			return fmt.Errorf("no turn over %d yet", a3.Seq)
-		}
-		for _, r := range model.Requests() {
-			if n := len(r.Messages); n > 0 && r.Messages[n-1].Text() == "!sleep" {
-				return nil
+	var streamed strings.Builder
+	deadline := time.After(60 * time.Second)
+	for streamed.String() != "first words" {
+		select {
+		case m := <-deltas:
+			var d session.Delta
+			if err := json.Unmarshal(m.Data, &d); err != nil {
+				t.Fatal(err)
 			}
+			if e, _ := c.entry(a.SessionKey); e != nil && e.Turn != nil && e.Turn.LastSeq >= a3.Seq && d.TurnID == e.Turn.ID {
+				streamed.WriteString(d.Text)
+			}
+		case <-deadline:
+			t.Fatalf("the slow turn streamed %q", streamed.String())
 		}
-		return fmt.Errorf("the model was not asked yet")
-	})
+	}
 	a4 := c.post("oa-1", "never mind", "")
 	got = c.waitReplies(a.SessionKey, 4, 60*time.Second)
 	if got[3].Text != "echo: never mind" {
