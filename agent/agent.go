@@ -154,25 +154,98 @@ type ToolCall struct {
 	Arguments string `json:"arguments"`
 }
 
-// Emitter persists what an agent produces, in order, each entry durable
-// before the call returns. An error means the turn must stop (the lease was
-// lost or the store failed): the agent returns it. An Emitter is for the
-// turn it was given with only, and not safe for concurrent use.
+// Emitter persists what an agent produces, in order, each durable entry
+// stored before the call returns. An error means the turn must stop (the
+// lease was lost or the store failed): the agent returns it. An Emitter is
+// for the turn it was given with only, and not safe for concurrent use.
 type Emitter interface {
+	// Delta streams a piece of the reply being written, for clients that
+	// render typing. It is ephemeral: published to the lane's live
+	// listeners, never stored, never a reply of its own; the reply is still
+	// the Result's Text (or the Messages). It does not wait for listeners
+	// and fails only when ctx is done.
+	Delta(ctx context.Context, text string) error
+	// Message records an interim assistant message ("looking that up…") and
+	// delivers it to the user as a reply of its own, before the turn ends.
+	Message(ctx context.Context, text string) error
 	// ToolCall records a tool call before the tool runs.
 	ToolCall(ctx context.Context, call ToolCall) error
 	// ToolResult records a tool's result.
 	ToolResult(ctx context.Context, callID, name, content string) error
+	// Usage reports what a model call consumed. Calls add up; the turn's
+	// total lands in the session's counters when the turn ends (completed,
+	// failed or interrupted), so report each call as soon as it is known.
+	Usage(ctx context.Context, u Usage) error
 }
 
+// Cost statuses of a Usage (the session entry's cost_status).
+const (
+	// CostEstimated: EstimatedCostUSD was computed from a price table.
+	CostEstimated = "estimated"
+	// CostIncluded: the provider reported the cost itself.
+	CostIncluded = "included"
+	// CostUnknown: no price is known for the model.
+	CostUnknown = "unknown"
+)
+
+// Usage is what one or more model calls consumed.
+type Usage struct {
+	InputTokens      int64
+	OutputTokens     int64
+	CacheReadTokens  int64
+	CacheWriteTokens int64
+	// EstimatedCostUSD is the cost in US dollars, when known.
+	EstimatedCostUSD float64
+	// CostStatus is CostEstimated, CostIncluded or CostUnknown (empty
+	// reads as unknown).
+	CostStatus string
+	// PromptTokens is the size of the latest prompt sent to the model (its
+	// context window use); the session keeps the last one reported.
+	PromptTokens int64
+}
+
+// Add adds u2 to u: token counts and cost add up, the latest non-zero
+// PromptTokens wins, and a cost status other than estimated or included
+// on either side makes the sum unknown.
+func (u *Usage) Add(u2 Usage) {
+	u.InputTokens += u2.InputTokens
+	u.OutputTokens += u2.OutputTokens
+	u.CacheReadTokens += u2.CacheReadTokens
+	u.CacheWriteTokens += u2.CacheWriteTokens
+	u.EstimatedCostUSD += u2.EstimatedCostUSD
+	if u2.PromptTokens > 0 {
+		u.PromptTokens = u2.PromptTokens
+	}
+	u.CostStatus = MergeCostStatus(u.CostStatus, u2.CostStatus)
+}
+
+// MergeCostStatus is the cost status of a sum of two costs: empty counts
+// for nothing, equal statuses stay, estimated with included is estimated,
+// anything else is unknown.
+func MergeCostStatus(a, b string) string {
+	switch {
+	case a == "":
+		return b
+	case b == "" || a == b:
+		return a
+	case known(a) && known(b):
+		return CostEstimated
+	}
+	return CostUnknown
+}
+
+func known(s string) bool { return s == CostEstimated || s == CostIncluded }
+
 // Result is a finished turn's outcome.
+//
+// Returned together with an error caused by the turn's cancellation (the
+// user interrupted it, or its deadline passed), a Result whose Text is not
+// empty is the partial reply: the worker keeps it in the transcript.
 type Result struct {
 	// Text is the assistant's reply to the user; empty sends nothing.
 	Text         string
 	Reasoning    string
 	FinishReason string
-	InputTokens  int64
-	OutputTokens int64
 }
 
 // PanicError is the error of a turn whose agent panicked.

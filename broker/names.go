@@ -169,6 +169,13 @@ func (n Names) DeadLetterSubject(lane string) string { return n.prefix + ".dlq."
 // DeadLetterWildcard matches every dead-letter subject.
 func (n Names) DeadLetterWildcard() string { return n.prefix + ".dlq.>" }
 
+// DeltaSubject is the core subject (no stream captures it) on which the
+// owner of lane streams the text deltas of a running turn.
+func (n Names) DeltaSubject(lane string) string { return n.prefix + ".delta." + lane }
+
+// DeltaWildcard matches every delta subject.
+func (n Names) DeltaWildcard() string { return n.prefix + ".delta.>" }
+
 // EvictSubject is the core subject on which workers broadcast agent-cache evictions.
 func (n Names) EvictSubject() string { return n.prefix + ".ctl.evict" }
 

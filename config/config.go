@@ -1,6 +1,7 @@
 package config
 
 import (
+	"maps"
 	"slices"
 	"time"
 
@@ -209,6 +210,110 @@ type AgentConfig struct {
 	//
 	// Defaults to false.
 	AllowCrash bool `yaml:"allow_crash" json:"allow_crash"`
+
+	// Bridge configures the bridge backend (agent.name: bridge).
+	Bridge BridgeConfig `yaml:"bridge" json:"bridge"`
+
+	// OpenAI configures the openai backend (agent.name: openai).
+	OpenAI OpenAIConfig `yaml:"openai" json:"openai"`
+}
+
+// BridgeConfig configures the bridge backend: an agent in any language
+// behind an HTTP endpoint (docs/agents.md is the protocol).
+type BridgeConfig struct {
+	// URL is where each turn is POSTed. Required by the bridge backend.
+	//
+	// Defaults to "".
+	URL string `yaml:"url" json:"url"`
+
+	// Token, when set, is sent as a bearer token with every turn. Secret.
+	//
+	// Defaults to "".
+	Token string `yaml:"token" json:"token"`
+}
+
+// OpenAIConfig configures the openai backend: any server speaking the
+// OpenAI chat-completions API.
+type OpenAIConfig struct {
+	// Model is the model name sent with every request. Required by the
+	// openai backend.
+	//
+	// Defaults to "".
+	Model string `yaml:"model" json:"model"`
+
+	// BaseURL is the API's base URL (e.g. http://127.0.0.1:11434/v1 for
+	// Ollama); OPENAI_BASE_URL sets it too.
+	//
+	// Defaults to "" (the OpenAI API).
+	BaseURL string `yaml:"base_url" json:"base_url"`
+
+	// APIKey is the API key; OPENAI_API_KEY sets it too. Secret.
+	//
+	// Defaults to "".
+	APIKey string `yaml:"api_key" json:"api_key"`
+
+	// SystemPrompt opens the system prompt of every turn, before the session
+	// context and the turn's notes.
+	//
+	// Defaults to "".
+	SystemPrompt string `yaml:"system_prompt" json:"system_prompt"`
+
+	// MaxToolSteps bounds the model calls of one turn that end in tool
+	// calls; the next call is made without tools, so the model answers.
+	//
+	// Defaults to 8.
+	MaxToolSteps int `yaml:"max_tool_steps" json:"max_tool_steps"`
+
+	// MaxRetries bounds the retries of one model call that failed with a
+	// 429, a 5xx or a connection error (exponential backoff, within the
+	// turn's deadline).
+	//
+	// Defaults to 4.
+	MaxRetries int `yaml:"max_retries" json:"max_retries"`
+
+	// ToolTimeout bounds one MCP tool call; a call that takes longer fails
+	// (the model is told), not the turn.
+	//
+	// Defaults to 2m (120 seconds).
+	ToolTimeout Duration `yaml:"tool_timeout" json:"tool_timeout"`
+
+	// MCPServers are the MCP servers whose tools the model may call (file
+	// only).
+	//
+	// Defaults to none.
+	MCPServers []MCPServerConfig `yaml:"mcp_servers,omitempty" json:"mcp_servers,omitempty"`
+
+	// Prices maps model names to their prices, for the estimated cost of
+	// each turn (file only). A model without a price has cost_status
+	// unknown.
+	//
+	// Defaults to none.
+	Prices map[string]PriceConfig `yaml:"prices,omitempty" json:"prices,omitempty"`
+}
+
+// MCPServerConfig is one MCP server: a command run with its standard input
+// and output as the transport, or the URL of a streamable HTTP server.
+type MCPServerConfig struct {
+	// Name prefixes the server's tool names ("<name>__<tool>"). Required,
+	// unique, letters, digits, '_' or '-'.
+	Name string `yaml:"name" json:"name"`
+	// Command is the program and its arguments (stdio transport).
+	Command []string `yaml:"command" json:"command"`
+	// Env adds variables to the command's environment.
+	Env map[string]string `yaml:"env" json:"env"`
+	// URL is the endpoint of a streamable HTTP server.
+	URL string `yaml:"url" json:"url"`
+	// Headers are sent with every HTTP request (e.g. Authorization).
+	// Secret values.
+	Headers map[string]string `yaml:"headers" json:"headers"`
+}
+
+// PriceConfig is a model's price in US dollars per million tokens.
+type PriceConfig struct {
+	Input      float64 `yaml:"input" json:"input"`
+	Output     float64 `yaml:"output" json:"output"`
+	CacheRead  float64 `yaml:"cache_read" json:"cache_read"`
+	CacheWrite float64 `yaml:"cache_write" json:"cache_write"`
 }
 
 // PrivacyConfig configures what the agent's prompt reveals.
@@ -504,6 +609,7 @@ func Default() Config {
 			GatewayTimeout:               Duration(1800 * time.Second),
 			GatewayAutoContinueFreshness: Duration(3600 * time.Second),
 			RestartDrainTimeout:          Duration(60 * time.Second),
+			OpenAI:                       OpenAIConfig{MaxToolSteps: 8, MaxRetries: 4, ToolTimeout: Duration(120 * time.Second)},
 		},
 		NATS: NATSConfig{
 			URL:            "nats://127.0.0.1:4222",
@@ -635,9 +741,18 @@ const redactedValue = "[redacted]"
 // empty, so the output still tells whether one is configured).
 func (c Config) Redacted() Config {
 	r := c.clone()
-	for _, s := range []*string{&r.NATS.Password, &r.NATS.Token, &r.HTTP.Token} {
+	for _, s := range []*string{&r.NATS.Password, &r.NATS.Token, &r.HTTP.Token, &r.Agent.Bridge.Token, &r.Agent.OpenAI.APIKey} {
 		if *s != "" {
 			*s = redactedValue
+		}
+	}
+	for i := range r.Agent.OpenAI.MCPServers {
+		h := map[string]string{}
+		for k := range r.Agent.OpenAI.MCPServers[i].Headers {
+			h[k] = redactedValue
+		}
+		if len(h) > 0 {
+			r.Agent.OpenAI.MCPServers[i].Headers = h
 		}
 	}
 	return r
@@ -657,6 +772,16 @@ func (c Config) clone() Config {
 			r.Platforms[p] = pc
 		}
 	}
+	if c.Agent.OpenAI.MCPServers != nil {
+		r.Agent.OpenAI.MCPServers = make([]MCPServerConfig, len(c.Agent.OpenAI.MCPServers))
+		for i, m := range c.Agent.OpenAI.MCPServers {
+			m.Command = slices.Clone(m.Command)
+			m.Env = maps.Clone(m.Env)
+			m.Headers = maps.Clone(m.Headers)
+			r.Agent.OpenAI.MCPServers[i] = m
+		}
+	}
+	r.Agent.OpenAI.Prices = maps.Clone(c.Agent.OpenAI.Prices)
 	return r
 }
 

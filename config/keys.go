@@ -203,7 +203,7 @@ func buildKeys() []key {
 			check: checkTimezone,
 		},
 		field("agent.name",
-			"Agent backend. `echo` is deterministic and needs no network.",
+			"Agent backend: `echo` (deterministic, no network), `openai` (a chat-completions API, with tools from MCP servers) or `bridge` (an agent in any language behind HTTP). See docs/agents.md.",
 			func(c *Config) *string { return &c.Agent.Name }, checkNonEmpty),
 		field("agent.gateway_timeout",
 			"Longest agent run of one turn; an owner whose agent hangs stops renewing its lease after this plus a grace.",
@@ -217,6 +217,33 @@ func buildKeys() []key {
 		field("agent.allow_crash",
 			"Let the echo agent's `!crash` directive exit the worker process (tests only).",
 			func(c *Config) *bool { return &c.Agent.AllowCrash }, nil),
+		field("agent.bridge.url",
+			"Bridge backend: the agent's URL, where each turn is POSTed as JSON; events come back as newline-delimited JSON (docs/agents.md).",
+			func(c *Config) *string { return &c.Agent.Bridge.URL }, checkHTTPURL),
+		field("agent.bridge.token",
+			"Bridge backend: bearer token sent with every turn (secret: redacted when printed).",
+			func(c *Config) *string { return &c.Agent.Bridge.Token }, nil),
+		field("agent.openai.model",
+			"OpenAI backend: the model name (required by that backend).",
+			func(c *Config) *string { return &c.Agent.OpenAI.Model }, nil),
+		field("agent.openai.base_url",
+			"OpenAI backend: base URL of a chat-completions API (OpenAI, vLLM, llama.cpp server, Ollama, OpenRouter). Empty: the OpenAI API.",
+			func(c *Config) *string { return &c.Agent.OpenAI.BaseURL }, checkHTTPURL),
+		field("agent.openai.api_key",
+			"OpenAI backend: API key (secret: redacted when printed, never logged).",
+			func(c *Config) *string { return &c.Agent.OpenAI.APIKey }, nil),
+		field("agent.openai.system_prompt",
+			"OpenAI backend: text that opens every turn's system prompt, before the session context and the turn's notes.",
+			func(c *Config) *string { return &c.Agent.OpenAI.SystemPrompt }, nil),
+		field("agent.openai.max_tool_steps",
+			"OpenAI backend: model calls per turn that may end in tool calls; then the model must answer without tools.",
+			func(c *Config) *int { return &c.Agent.OpenAI.MaxToolSteps }, minInt(0)),
+		field("agent.openai.max_retries",
+			"OpenAI backend: retries of a model call after a 429, a 5xx or a connection error (exponential backoff within the turn's deadline).",
+			func(c *Config) *int { return &c.Agent.OpenAI.MaxRetries }, minInt(0)),
+		field("agent.openai.tool_timeout",
+			"OpenAI backend: longest MCP tool call; a call that takes longer fails that step (the model is told), not the turn.",
+			func(c *Config) *Duration { return &c.Agent.OpenAI.ToolTimeout }, minDuration(time.Second)),
 		field("privacy.redact_pii",
 			"Replace user ids and chat ids in the agent's session context prompt with stable hashes (user_<12hex>, <platform>:<12hex>), except on platforms that need raw ids for mentions (Discord). Routing, session keys and delivery always use the real ids.",
 			func(c *Config) *bool { return &c.Privacy.RedactPII }, nil),
@@ -331,8 +358,13 @@ func buildKeys() []key {
 			func(c *Config) *string { return &c.Telemetry.LogFormat }, oneOf("text", "json")),
 	)
 	for i := range ks {
-		if ks[i].path == "nats.url" {
+		switch ks[i].path {
+		case "nats.url":
 			ks[i].envFallback = "NATS_URL"
+		case "agent.openai.base_url":
+			ks[i].envFallback = "OPENAI_BASE_URL" // the conventional variables of OpenAI clients
+		case "agent.openai.api_key":
+			ks[i].envFallback = "OPENAI_API_KEY"
 		}
 	}
 	return ks

@@ -72,6 +72,35 @@ func (c *Config) Validate() error {
 		}
 	}
 
+	// The agent backends' lists and tables (file only).
+	names := map[string]bool{}
+	for i, m := range c.Agent.OpenAI.MCPServers {
+		at := fmt.Sprintf("agent.openai.mcp_servers[%d]", i)
+		switch {
+		case !mcpNameRE.MatchString(m.Name):
+			add(at+".name", m.Name, fmt.Sprintf("%q: want 1 to 32 letters, digits, '_' or '-'", m.Name))
+		case names[m.Name]:
+			add(at+".name", m.Name, fmt.Sprintf("%q names two servers", m.Name))
+		}
+		names[m.Name] = true
+		switch {
+		case len(m.Command) == 0 && m.URL == "":
+			add(at, m.Name, "give the server a command (stdio) or a url (streamable HTTP)")
+		case len(m.Command) > 0 && m.URL != "":
+			add(at, m.Name, "give the server a command or a url, not both")
+		case m.URL != "":
+			if r := checkHTTPURL(m.URL); r != "" {
+				add(at+".url", m.URL, r)
+			}
+		}
+	}
+	for _, model := range sortedKeys(c.Agent.OpenAI.Prices) {
+		p := c.Agent.OpenAI.Prices[model]
+		if p.Input < 0 || p.Output < 0 || p.CacheRead < 0 || p.CacheWrite < 0 {
+			add("agent.openai.prices."+model, model, "prices must not be negative")
+		}
+	}
+
 	// Keys that depend on each other.
 	// (A ttl below its minimum is reported above; the margin is judged against a valid one.)
 	if ttl, m := c.Lease.TTL, c.Lease.Margin; m > 0 && ttl.Duration() >= minLeaseTTL && 2*m >= ttl {
@@ -215,6 +244,23 @@ func checkReplicas(v any) string {
 		return ""
 	}
 	return fmt.Sprintf("%q is not a replica count (1, 3 or 5)", strconv.Itoa(v.(int)))
+}
+
+// mcpNameRE is what an MCP server's name may be: it prefixes tool names,
+// which models take as [A-Za-z0-9_-]{1,64}.
+var mcpNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
+
+// checkHTTPURL accepts "" or an absolute http or https URL.
+func checkHTTPURL(v any) string {
+	s := v.(string)
+	if s == "" {
+		return ""
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Sprintf("%q is not an http or https URL", s)
+	}
+	return ""
 }
 
 func checkNonEmpty(v any) string {

@@ -9,8 +9,10 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/session"
@@ -134,6 +136,25 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	log.LogAttrs(ctx, slog.LevelDebug, "event stream opened", slog.Uint64("after", after))
 	defer log.LogAttrs(r.Context(), slog.LevelDebug, "event stream closed")
 
+	// The lane's text deltas go out beside the replies, as "delta" events
+	// without an id (they are not replayed: a client that reconnects gets
+	// the replies, which hold the whole text).
+	var wmu sync.Mutex // one writer at a time: the replies below, the deltas
+	stopDeltas, err := s.forwardDeltas(lane, func(data []byte) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		writeDeadline()
+		if _, err := fmt.Fprintf(w, "event: delta\ndata: %s\n\n", data); err != nil {
+			return err
+		}
+		return rc.Flush()
+	})
+	if err != nil {
+		log.LogAttrs(ctx, slog.LevelWarn, "event stream without deltas", slog.Any("error", err))
+	} else {
+		defer stopDeltas()
+	}
+
 	for {
 		hctx, hcancel := context.WithTimeout(ctx, s.cfg.EventsHeartbeat)
 		m, err := box.it.Next(jetstream.NextContext(hctx))
@@ -143,11 +164,14 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		case ctx.Err() != nil:
 			return // the client went away, or Close
 		case hctx.Err() != nil:
+			wmu.Lock()
 			writeDeadline()
-			if _, err := fmt.Fprint(w, ": heartbeat\n\n"); err != nil {
-				return
+			_, err := fmt.Fprint(w, ": heartbeat\n\n")
+			if err == nil {
+				err = rc.Flush()
 			}
-			if err := rc.Flush(); err != nil {
+			wmu.Unlock()
+			if err != nil {
 				return
 			}
 			continue
@@ -164,14 +188,70 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			continue
 		}
+		wmu.Lock()
 		writeDeadline()
-		if _, err := fmt.Fprintf(w, "id: %d\nevent: reply\ndata: %s\n\n", v.Seq, data); err != nil {
-			return
+		_, err = fmt.Fprintf(w, "id: %d\nevent: reply\ndata: %s\n\n", v.Seq, data)
+		if err == nil {
+			err = rc.Flush()
 		}
-		if err := rc.Flush(); err != nil {
+		wmu.Unlock()
+		if err != nil {
 			return
 		}
 	}
+}
+
+// deltaView is a delta event as the HTTP API shows it.
+type deltaView struct {
+	TurnID    string `json:"turn_id"`
+	SessionID string `json:"session_id"`
+	Attempt   int    `json:"attempt"`
+	N         int    `json:"n"`
+	Text      string `json:"text"`
+}
+
+// maxPendingDeltas bounds the deltas waiting for one event stream; beyond
+// it they are dropped (the replies still carry the whole text).
+const maxPendingDeltas = 1024
+
+// forwardDeltas passes the lane's deltas, as they arrive on the core delta
+// subject, to write, until stop is called (stop waits for a write in
+// progress). A failed write ends the forwarding.
+func (s *Server) forwardDeltas(lane string, write func(data []byte) error) (stop func(), err error) {
+	ch := make(chan *nats.Msg, maxPendingDeltas)
+	sub, err := s.js.Conn().ChanSubscribe(s.names.DeltaSubject(lane), ch)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to the deltas of %s: %w", lane, err)
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case m := <-ch:
+				// Re-encoded: one line of JSON whatever was published.
+				var d session.Delta
+				if json.Unmarshal(m.Data, &d) != nil {
+					continue
+				}
+				data, err := json.Marshal(deltaView{TurnID: d.TurnID, SessionID: d.SessionID, Attempt: d.Attempt, N: d.N, Text: d.Text})
+				if err != nil {
+					continue
+				}
+				if write(data) != nil {
+					_ = sub.Unsubscribe()
+					return
+				}
+			}
+		}
+	})
+	return func() {
+		_ = sub.Unsubscribe()
+		close(done)
+		wg.Wait()
+	}, nil
 }
 
 // parseAfter parses a reply seq; empty is 0.

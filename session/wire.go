@@ -42,6 +42,19 @@ type Reply struct {
 	PossibleDuplicate bool `json:"possible_duplicate,omitempty"`
 }
 
+// Delta is a piece of a reply being written, streamed while a turn runs.
+// It is ephemeral (core NATS, never stored): a listener that misses deltas
+// still gets the turn's replies. N counts the deltas of one attempt of a
+// turn from 1, so a listener can tell a gap.
+type Delta struct {
+	SessionKey string `json:"session_key"`
+	SessionID  string `json:"session_id"`
+	TurnID     string `json:"turn_id"`
+	Attempt    int    `json:"attempt"`
+	N          int    `json:"n"`
+	Text       string `json:"text"`
+}
+
 // Values of Inbound.Kind (the same strings as the Fleet-Kind header).
 const (
 	KindMessage  = "message"

@@ -138,6 +138,9 @@ func (l *lane) recoverTurn() bool {
 		return false
 	}
 	src := sourceOf(l.entry, msgs)
+	if err := l.republishInterim(st, t, src); err != nil {
+		return false
+	}
 
 	// The turn finished before the crash: republish its outputs, commit.
 	if status, ended := transcript.TurnEnded(st.entries, t.ID); ended || st.ids[t.ID+":reply"] {

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -341,7 +342,8 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		}
 		intent.AgentStarted = intent.Attempt
 	}
-	res, runErr, stopCause := l.runAgent(a, st, intent, turn)
+	em := &emitter{l: l, st: st, intent: intent, src: src, sessionKey: turn.SessionKey}
+	res, runErr, stopCause := l.runAgent(a, em, turn)
 	release()
 	if stopCause == nil && steerErr != nil {
 		// Recording steered input failed (store trouble or a lost lease):
@@ -355,7 +357,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 	case stopCause == nil && runErr == nil:
 		if res != nil && res.Text != "" {
 			e := transcript.Entry{ID: intent.ID + ":reply", Kind: transcript.KindMessage, Role: "assistant", Content: res.Text,
-				Reasoning: res.Reasoning, FinishReason: nonEmpty(res.FinishReason, "stop"), TokenCount: int(res.OutputTokens),
+				Reasoning: res.Reasoning, FinishReason: nonEmpty(res.FinishReason, "stop"), TokenCount: int(em.usage.OutputTokens),
 				TurnID: intent.ID, Timestamp: w.cfg.Now()}
 			if err := l.appendOwned(st, &e); err != nil {
 				if tooLarge(err) {
@@ -370,7 +372,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 			published := make(chan error, 1)
 			go func() { published <- l.publishReply(st, intent, e, session.ReplyKindReply, src) }()
 			w.stats.Turns.Add(1)
-			return l.finishThen(st, intent, StatusCompleted, res, nil, func() error {
+			return l.finishThen(st, intent, StatusCompleted, &em.usage, nil, func() error {
 				if err := <-published; err != nil {
 					return err
 				}
@@ -380,19 +382,49 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		}
 		crashPoint("after_reply")
 		w.stats.Turns.Add(1)
-		return l.finish(st, intent, StatusCompleted, res, nil)
+		return l.finish(st, intent, StatusCompleted, &em.usage, nil)
 	case errors.Is(stopCause, agent.ErrTurnInterrupted):
-		return l.finish(st, intent, StatusInterrupted, nil, nil)
+		if !l.keepPartial(em, res) {
+			return false
+		}
+		return l.finish(st, intent, StatusInterrupted, &em.usage, nil)
 	case errors.Is(stopCause, errStopped):
-		return l.finish(st, intent, StatusStopped, nil, nil)
+		if !l.keepPartial(em, res) {
+			return false
+		}
+		return l.finish(st, intent, StatusStopped, &em.usage, nil)
 	case stopCause != nil:
 		// Lease lost, drain timeout or hard stop: no commit; the intent
 		// stays for whoever owns the lane next.
 		l.log.Info("turn abandoned", "turn", intent.ID, "cause", stopCause)
 		return false
 	default:
-		return l.failTurn(st, intent, src, runErr)
+		if !l.keepPartial(em, res) {
+			return false
+		}
+		return l.failTurnUsage(st, intent, src, runErr, &em.usage)
 	}
+}
+
+// keepPartial records the reply text an agent returned with its error or
+// its cancellation (a user interrupt, the turn's deadline) as an assistant
+// entry of the turn: the transcript keeps what the user may already have
+// seen streamed. It is not delivered as a reply.
+func (l *lane) keepPartial(em *emitter, res *agent.Result) bool {
+	if res == nil || res.Text == "" {
+		return true
+	}
+	id := fmt.Sprintf("%s:a%d:partial", em.intent.ID, em.intent.Attempt)
+	if em.st.ids[id] {
+		return true
+	}
+	e := transcript.Entry{ID: id, Kind: transcript.KindMessage, Role: transcript.RoleAssistant, Content: res.Text,
+		Reasoning: res.Reasoning, FinishReason: "interrupted", TurnID: em.intent.ID, Timestamp: l.w.cfg.Now()}
+	if err := l.appendOwned(em.st, &e); err != nil && !tooLarge(err) {
+		l.log.Warn("append partial reply", "turn", em.intent.ID, "err", err)
+		return false
+	}
+	return true
 }
 
 // retryHistory is the history a turn's agent sees. A retry narrowed to the
@@ -428,6 +460,11 @@ func tooLarge(err error) bool {
 // failTurn commits a turn whose agent failed, telling the user. It is not
 // retried and not counted as interrupted.
 func (l *lane) failTurn(st *txState, intent *session.TurnIntent, src session.SessionSource, runErr error) bool {
+	return l.failTurnUsage(st, intent, src, runErr, nil)
+}
+
+// failTurnUsage is failTurn for a turn whose agent reported usage u.
+func (l *lane) failTurnUsage(st *txState, intent *session.TurnIntent, src session.SessionSource, runErr error, u *agent.Usage) bool {
 	l.w.stats.TurnsFailed.Add(1)
 	l.log.Warn("agent failed", "turn", intent.ID, "err", runErr)
 	var pe *agent.PanicError
@@ -438,20 +475,20 @@ func (l *lane) failTurn(st *txState, intent *session.TurnIntent, src session.Ses
 	if err := l.emitNotice(st, intent, intent.ID+":error", text, src); err != nil {
 		return false
 	}
-	return l.finish(st, intent, StatusFailed, nil, nil)
+	return l.finish(st, intent, StatusFailed, u, nil)
 }
 
 // runAgent runs the agent in its own goroutine, watching the lane for busy
 // input, a drain and the lease. It returns the agent's result and error, and
 // the cause when the turn was stopped from outside.
-func (l *lane) runAgent(a agent.Agent, st *txState, intent *session.TurnIntent, turn *agent.Turn) (*agent.Result, error, error) {
+func (l *lane) runAgent(a agent.Agent, em *emitter, turn *agent.Turn) (*agent.Result, error, error) {
 	w := l.w
+	st, intent := em.st, em.intent
 	ctx, cancel := context.WithCancelCause(l.ctx)
 	defer cancel(nil)
 	ctx, cancelTimeout := context.WithTimeout(ctx, w.cfg.GatewayTimeout)
 	defer cancelTimeout()
 
-	em := &emitter{l: l, st: st, intent: intent}
 	type outcome struct {
 		res *agent.Result
 		err error
@@ -493,10 +530,10 @@ func (l *lane) runAgent(a agent.Agent, st *txState, intent *session.TurnIntent, 
 				stopCause = em.err
 			}
 			if stopCause == nil && o.err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return nil, fmt.Errorf("agent exceeded the gateway timeout of %s", w.cfg.GatewayTimeout), nil
+				return o.res, fmt.Errorf("agent exceeded the gateway timeout of %s", w.cfg.GatewayTimeout), nil
 			}
 			if stopCause != nil {
-				return nil, nil, stopCause
+				return o.res, nil, stopCause
 			}
 			return o.res, o.err, nil
 		case <-l.hints:
@@ -668,14 +705,14 @@ func (l *lane) busyMode() string {
 }
 
 // finish appends the turn_end entry and commits the turn.
-func (l *lane) finish(st *txState, intent *session.TurnIntent, status string, res *agent.Result, apply func(*session.SessionEntry)) bool {
-	return l.finishThen(st, intent, status, res, apply, nil)
+func (l *lane) finish(st *txState, intent *session.TurnIntent, status string, u *agent.Usage, apply func(*session.SessionEntry)) bool {
+	return l.finishThen(st, intent, status, u, apply, nil)
 }
 
 // finishThen is finish with before, when set, run after the turn_end append
 // and before the commit, always (also when the append failed); an error
 // from it stops the commit.
-func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string, res *agent.Result, apply func(*session.SessionEntry), before func() error) bool {
+func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string, u *agent.Usage, apply func(*session.SessionEntry), before func() error) bool {
 	endID := intent.ID + ":end"
 	var appendErr error
 	if !st.ids[endID] {
@@ -692,7 +729,7 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 	if appendErr != nil {
 		return false
 	}
-	if !l.commit(intent, status, res, apply) {
+	if !l.commit(intent, status, u, apply) {
 		return false
 	}
 	l.turnEvent("end", intent, status)
@@ -715,8 +752,8 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 // clears resume_pending and the interrupted-turn count: a failed,
 // interrupted or stopped turn, a duplicate or a command leaves them, so the
 // next turn still gets the resume note and the count still decides the
-// escalation.
-func (l *lane) commit(intent *session.TurnIntent, status string, res *agent.Result, apply func(*session.SessionEntry)) bool {
+// escalation. u, when set, is the usage the turn's agent reported.
+func (l *lane) commit(intent *session.TurnIntent, status string, u *agent.Usage, apply func(*session.SessionEntry)) bool {
 	w := l.w
 	l.pauseTag = "commit"
 	defer func() { l.pauseTag = "" }()
@@ -740,11 +777,8 @@ func (l *lane) commit(intent *session.TurnIntent, status string, res *agent.Resu
 			e.IsFreshReset = false
 		}
 		e.ResetHadActivity = false
-		if res != nil {
-			e.InputTokens += res.InputTokens
-			e.OutputTokens += res.OutputTokens
-			e.TotalTokens += res.InputTokens + res.OutputTokens
-			e.LastPromptTokens = res.InputTokens
+		if u != nil {
+			addUsage(e, *u)
 		}
 		e.UpdatedAt = w.cfg.Now()
 		if apply != nil {
@@ -793,12 +827,18 @@ func (l *lane) emitNotice(st *txState, intent *session.TurnIntent, id, text stri
 // publishReply publishes a reply or notice derived from a stored transcript
 // entry, with the deterministic Msg-Id <session_id>:<tx seq>.
 func (l *lane) publishReply(st *txState, intent *session.TurnIntent, e transcript.Entry, kind string, src session.SessionSource) error {
+	return l.publishReplyAs(l.entry.SessionKey, st, intent, e, kind, src)
+}
+
+// publishReplyAs is publishReply with the lane's session key given, for the
+// agent goroutine (which must not read l.entry: the runner may replace it).
+func (l *lane) publishReplyAs(key string, st *txState, intent *session.TurnIntent, e transcript.Entry, kind string, src session.SessionSource) error {
 	if err := l.checkAlive(); err != nil {
 		return err
 	}
 	pausePoint("reply")
 	r := session.Reply{
-		ID: st.sessionID + ":" + seqString(e.Seq), SessionKey: l.entry.SessionKey, SessionID: st.sessionID,
+		ID: st.sessionID + ":" + seqString(e.Seq), SessionKey: key, SessionID: st.sessionID,
 		TurnID: intent.ID, TxSeq: e.Seq, Kind: kind, Text: e.Content, Platform: src.Platform,
 		ChatID: src.ChatID, ThreadID: src.ThreadID, CreatedAt: e.Timestamp,
 	}
@@ -812,7 +852,7 @@ func (l *lane) publishReply(st *txState, intent *session.TurnIntent, e transcrip
 	}
 	msg := nats.NewMsg(l.w.names.OutboxSubject(platform, l.lane))
 	msg.Data = data
-	msg.Header.Set(broker.HdrSessionKey, l.entry.SessionKey)
+	msg.Header.Set(broker.HdrSessionKey, key)
 	msg.Header.Set(broker.HdrTurnID, intent.ID)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), 5*time.Second)
 	defer cancel()
@@ -856,8 +896,14 @@ type emitter struct {
 	l      *lane
 	st     *txState
 	intent *session.TurnIntent
-	n      int
-	err    error // the first durable-write failure, set by the agent goroutine
+	src    session.SessionSource
+	// sessionKey is the lane's, read once by the runner (the agent
+	// goroutine must not read l.entry).
+	sessionKey string
+	n          int
+	deltas     int
+	usage      agent.Usage
+	err        error // the first durable-write failure, set by the agent goroutine
 }
 
 func (e *emitter) fail(err error) error {
@@ -867,16 +913,49 @@ func (e *emitter) fail(err error) error {
 	return err
 }
 
-func (e *emitter) nextID() string {
+func (e *emitter) nextID(kind string) string {
 	e.n++
-	return fmt.Sprintf("%s:a%d:e%d", e.intent.ID, e.intent.Attempt, e.n)
+	return fmt.Sprintf("%s:a%d:%s%d", e.intent.ID, e.intent.Attempt, kind, e.n)
+}
+
+func (e *emitter) Delta(ctx context.Context, text string) error {
+	if err := ctx.Err(); err != nil {
+		return context.Cause(ctx)
+	}
+	if text == "" || !e.l.alive() {
+		return nil
+	}
+	e.deltas++
+	data, err := jsonMarshal(session.Delta{SessionKey: e.sessionKey, SessionID: e.st.sessionID, TurnID: e.intent.ID,
+		Attempt: e.intent.Attempt, N: e.deltas, Text: text})
+	if err != nil {
+		return nil
+	}
+	// Ephemeral: a failed publish costs a listener some typing, nothing else.
+	_ = e.l.w.nc.Publish(e.l.w.names.DeltaSubject(e.l.lane), data)
+	return nil
+}
+
+func (e *emitter) Message(ctx context.Context, text string) error {
+	if err := ctx.Err(); err != nil {
+		return context.Cause(ctx)
+	}
+	if text == "" {
+		return nil
+	}
+	en := transcript.Entry{ID: e.nextID(interimTag), Kind: transcript.KindMessage, Role: transcript.RoleAssistant, Content: text,
+		FinishReason: "interim", TurnID: e.intent.ID, Timestamp: e.l.w.cfg.Now()}
+	if err := e.l.appendOwned(e.st, &en); err != nil {
+		return e.fail(err)
+	}
+	return e.fail(e.l.publishReplyAs(e.sessionKey, e.st, e.intent, en, session.ReplyKindReply, e.src))
 }
 
 func (e *emitter) ToolCall(ctx context.Context, call agent.ToolCall) error {
 	if err := ctx.Err(); err != nil {
 		return context.Cause(ctx)
 	}
-	en := transcript.Entry{ID: e.nextID(), Kind: transcript.KindMessage, Role: "assistant", ToolCalls: []transcript.ToolCall{{ID: call.ID, Name: call.Name, Arguments: call.Arguments}},
+	en := transcript.Entry{ID: e.nextID("e"), Kind: transcript.KindMessage, Role: "assistant", ToolCalls: []transcript.ToolCall{{ID: call.ID, Name: call.Name, Arguments: call.Arguments}},
 		TurnID: e.intent.ID, Timestamp: e.l.w.cfg.Now()}
 	return e.fail(e.l.appendOwned(e.st, &en))
 }
@@ -885,9 +964,64 @@ func (e *emitter) ToolResult(ctx context.Context, callID, name, content string) 
 	if err := ctx.Err(); err != nil {
 		return context.Cause(ctx)
 	}
-	en := transcript.Entry{ID: e.nextID(), Kind: transcript.KindMessage, Role: "tool", ToolCallID: callID, ToolName: name,
+	en := transcript.Entry{ID: e.nextID("e"), Kind: transcript.KindMessage, Role: "tool", ToolCallID: callID, ToolName: name,
 		Content: content, TurnID: e.intent.ID, Timestamp: e.l.w.cfg.Now()}
 	return e.fail(e.l.appendOwned(e.st, &en))
+}
+
+func (e *emitter) Usage(_ context.Context, u agent.Usage) error {
+	e.usage.Add(u)
+	return nil
+}
+
+// interimTag marks the entry ids of interim messages (<turn>:a<attempt>:m<n>):
+// a recovering owner republishes them (see republishInterim).
+const interimTag = "m"
+
+// isInterim reports whether e is an interim message of turn turnID.
+func isInterim(e transcript.Entry, turnID string) bool {
+	rest, ok := strings.CutPrefix(e.ID, turnID+":a")
+	if !ok || e.Role != transcript.RoleAssistant {
+		return false
+	}
+	_, n, ok := strings.Cut(rest, ":"+interimTag)
+	return ok && n != "" && strings.Trim(n, "0123456789") == ""
+}
+
+// republishInterim publishes again the interim messages an interrupted
+// attempt of turn t stored (their Msg-Ids make it idempotent): one stored
+// just before a crash may never have gone out.
+func (l *lane) republishInterim(st *txState, t *session.TurnIntent, src session.SessionSource) error {
+	for _, e := range st.entries {
+		if e.TurnID == t.ID && !e.Deleted && isInterim(e, t.ID) {
+			if err := l.publishReply(st, t, e, session.ReplyKindReply, src); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// addUsage adds a turn's usage to the entry's counters.
+func addUsage(e *session.SessionEntry, u agent.Usage) {
+	if u.CostStatus != "" {
+		if e.TotalTokens == 0 && e.EstimatedCostUSD == 0 {
+			e.CostStatus = u.CostStatus // the first cost known replaces the default
+		} else {
+			e.CostStatus = agent.MergeCostStatus(e.CostStatus, u.CostStatus)
+		}
+	}
+	e.InputTokens += u.InputTokens
+	e.OutputTokens += u.OutputTokens
+	e.CacheReadTokens += u.CacheReadTokens
+	e.CacheWriteTokens += u.CacheWriteTokens
+	e.TotalTokens += u.InputTokens + u.OutputTokens
+	e.EstimatedCostUSD += u.EstimatedCostUSD
+	if u.PromptTokens > 0 {
+		e.LastPromptTokens = u.PromptTokens
+	} else if u.InputTokens > 0 {
+		e.LastPromptTokens = u.InputTokens
+	}
 }
 
 func findEntry(st *txState, id string) (*transcript.Entry, bool) {

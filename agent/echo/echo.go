@@ -1,9 +1,11 @@
 // Package echo is the deterministic agent for development and tests. Its
 // reply to a turn is "echo: " followed by the turn's user texts joined by a
-// newline. Lines starting with '!' are directives, not text:
+// newline, streamed line by line as deltas while the turn runs (a turn cut
+// short returns what it streamed as its partial reply). Lines starting with '!' are directives, not text:
 //
 //	!sleep DUR   wait DUR, stopping at once when the turn is cancelled
 //	!tools N     emit N tool-call/tool-result pairs, each persisted before the next
+//	!say TEXT    send TEXT at once as an interim message (a reply of its own)
 //	!notes       list every system note of the turn, one per line, "note: " first
 //	!fail        the turn returns an error
 //	!crash       exit the process mid-turn (only when crashes are allowed)
@@ -59,14 +61,33 @@ var ErrFail = errors.New("echo: !fail directive")
 
 // Run implements agent.Agent.
 func (a *Agent) Run(ctx context.Context, t *agent.Turn, emit agent.Emitter) (*agent.Result, error) {
-	var texts, steeredTexts []string
+	var reply strings.Builder // what was streamed so far: the partial reply
+	lines := 0
+	say := func(line string) error {
+		piece := "\n" + line
+		if lines == 0 {
+			piece = "echo: " + line
+		}
+		lines++
+		reply.WriteString(piece)
+		return emit.Delta(ctx, piece)
+	}
+	// partial is the result of a turn cut short: what was streamed so far.
+	partial := func() *agent.Result {
+		if reply.Len() == 0 {
+			return nil
+		}
+		return &agent.Result{Text: reply.String(), FinishReason: "interrupted"}
+	}
+	var steeredTexts []string
 	showNotes := false
 	for _, m := range t.Messages {
-		var kept []string
 		for _, line := range strings.Split(m.Text, "\n") {
 			trimmed := strings.TrimSpace(line)
 			if !strings.HasPrefix(trimmed, "!") {
-				kept = append(kept, line)
+				if err := say(line); err != nil {
+					return partial(), err
+				}
 				continue
 			}
 			verb, arg, _ := strings.Cut(strings.TrimPrefix(trimmed, "!"), " ")
@@ -79,7 +100,7 @@ func (a *Agent) Run(ctx context.Context, t *agent.Turn, emit agent.Emitter) (*ag
 				}
 				steered, err := sleep(ctx, d, t.Steer)
 				if err != nil {
-					return nil, err
+					return partial(), err
 				}
 				for _, s := range steered {
 					steeredTexts = append(steeredTexts, s.Text)
@@ -98,6 +119,10 @@ func (a *Agent) Run(ctx context.Context, t *agent.Turn, emit agent.Emitter) (*ag
 						return nil, err
 					}
 				}
+			case "say":
+				if err := emit.Message(ctx, arg); err != nil {
+					return nil, err
+				}
 			case "notes":
 				showNotes = true
 			case "fail":
@@ -109,21 +134,29 @@ func (a *Agent) Run(ctx context.Context, t *agent.Turn, emit agent.Emitter) (*ag
 				a.opts.Exit()
 				return nil, errors.New("echo: crash")
 			default:
-				kept = append(kept, line) // not a directive we know: plain text
+				if err := say(line); err != nil { // not a directive we know: plain text
+					return partial(), err
+				}
 			}
 		}
-		if len(kept) > 0 {
-			texts = append(texts, strings.Join(kept, "\n"))
+	}
+	for _, s := range steeredTexts { // steered messages came after the turn's own
+		if err := say(s); err != nil {
+			return partial(), err
 		}
 	}
-	texts = append(texts, steeredTexts...) // steered messages came after the turn's own
-	reply := "echo: " + strings.Join(texts, "\n")
+	if lines == 0 {
+		reply.WriteString("echo: ")
+	}
 	if showNotes {
 		for _, n := range t.Notes {
-			reply += "\nnote: " + n
+			reply.WriteString("\nnote: " + n)
 		}
 	}
-	return &agent.Result{Text: reply, FinishReason: "stop", InputTokens: int64(len(texts)), OutputTokens: 1}, nil
+	if err := emit.Usage(ctx, agent.Usage{InputTokens: int64(len(t.Messages)), OutputTokens: 1}); err != nil {
+		return nil, err
+	}
+	return &agent.Result{Text: reply.String(), FinishReason: "stop"}, nil
 }
 
 // sleep waits d, stopping at once when ctx is cancelled. In steer mode it

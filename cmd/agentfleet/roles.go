@@ -132,29 +132,10 @@ func backend(ctx context.Context, cfg config.Config, allowCrash bool, log *slog.
 	return agentfleet.DefaultBackends().New(ctx, cfg, log)
 }
 
-func (rt *runtime) workerConfig(id string, b agent.Backend, restart bool) worker.Config {
-	c := rt.cfg
-	var wa *session.WhatsAppResolver
-	if c.WhatsApp.MappingDir != "" {
-		wa = session.NewWhatsAppResolver(c.WhatsApp.MappingDir)
-	}
-	keys := c.KeyOptions()
-	keys.WhatsApp = wa
-	return worker.Config{
-		ID: id, Version: version, Names: rt.names, Backend: b,
-		LeaseTTL: c.Lease.TTL.Duration(), LeaseMargin: c.Lease.Margin.Duration(),
-		Linger: c.Worker.Linger.Duration(), MaxLanes: c.Worker.Lanes, MaxTurns: c.Worker.Turns,
-		MaxTurnMessages: c.Worker.MaxTurnMessages, MaxTurnBytes: c.Worker.MaxTurnBytes, BusyMode: c.Worker.BusyMode,
-		GatewayTimeout: c.Agent.GatewayTimeout.Duration(), Freshness: c.Agent.GatewayAutoContinueFreshness.Duration(),
-		DrainTimeout: c.Agent.RestartDrainTimeout.Duration(), Restart: restart,
-		Reset: c.ResetConfig(), Location: c.Location(),
-		Context: session.ContextOptions{KeyOptions: keys, RedactPII: c.Privacy.RedactPII,
-			// The platforms this deployment delivers to: the HTTP adapter.
-			ConnectedPlatforms: []session.Platform{session.PlatformHTTP}},
-		MaxAgeDays: c.SessionStoreMaxAgeDays,
-		CacheSize:  c.Worker.CacheSize, CacheIdleTTL: c.Worker.CacheIdleTTL.Duration(),
-		Logger: rt.log,
-	}
+func (rt *runtime) workerConfig(id string, b agent.Backend, restart bool) (worker.Config, error) {
+	wc, err := agentfleet.WorkerConfig(rt.cfg, id, b, restart, rt.log)
+	wc.Version = version
+	return wc, err
 }
 
 // startWorkers runs n workers, each on its own connection.
@@ -175,7 +156,11 @@ func (rt *runtime) startWorkers(ctx context.Context, n int, id string, b agent.B
 		if err != nil {
 			return err
 		}
-		w, err := worker.New(nc, js, res, rt.workerConfig(wid, b, restart))
+		wc, err := rt.workerConfig(wid, b, restart)
+		if err != nil {
+			return err
+		}
+		w, err := worker.New(nc, js, res, wc)
 		if err != nil {
 			return err
 		}

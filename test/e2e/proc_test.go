@@ -59,7 +59,7 @@ func baseEnv() []string {
 	var out []string
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(name, "AGENTFLEET_") || name == "NATS_URL" || name == "GOFLAGS" {
+		if strings.HasPrefix(name, "AGENTFLEET_") || strings.HasPrefix(name, "OPENAI_") || name == "NATS_URL" || name == "GOFLAGS" {
 			continue
 		}
 		out = append(out, kv)
