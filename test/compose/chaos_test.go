@@ -4,6 +4,7 @@ package compose
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -319,21 +320,60 @@ func ownedBy(s *stack, owner string) []string {
 	return out
 }
 
-// busiestWorker returns the worker service owning the most lanes, with its
-// incarnation and lanes.
-func busiestWorker(t *testing.T, s *stack) (svc, owner string, lanes []string) {
+// turnsInFlight counts, per worker incarnation, the lanes whose entry
+// records a running turn of it.
+func turnsInFlight(s *stack) map[string]int {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out := map[string]int{}
+	lister, err := s.res.Sessions.ListKeys(ctx)
+	if err != nil {
+		return out
+	}
+	for lane := range lister.Keys() {
+		if e, _, err := s.store.Get(ctx, lane); err == nil && e.Turn != nil && e.Owner != "" {
+			out[e.Owner]++
+		}
+	}
+	return out
+}
+
+// pickWorker returns the worker service to hit: for up to 10 s, it waits
+// for a moment when some worker runs turns and picks the one running the
+// most (so the fault interrupts work); failing that, the one owning the
+// most lanes. It returns the worker's incarnation and the lanes it owns.
+func pickWorker(t *testing.T, s *stack) (svc, owner string, lanes []string) {
+	owners := map[string]string{}
 	for i, w := range workerServices {
-		o := s.workerOwner(fmt.Sprintf("w%d", i+1))
-		l := ownedBy(s, o)
+		owners[w] = s.workerOwner(fmt.Sprintf("w%d", i+1))
+	}
+	_ = poll(10*time.Second, func() error {
+		running := turnsInFlight(s)
+		best := 0
+		for _, w := range workerServices {
+			if n := running[owners[w]]; n > best {
+				svc, best = w, n
+			}
+		}
+		if best == 0 {
+			return errors.New("no turn in flight")
+		}
+		return nil
+	})
+	if svc != "" {
+		return svc, owners[svc], ownedBy(s, owners[svc])
+	}
+	for _, w := range workerServices {
+		l := ownedBy(s, owners[w])
 		if svc == "" || len(l) > len(lanes) {
-			svc, owner, lanes = w, o, l
+			svc, owner, lanes = w, owners[w], l
 		}
 	}
 	return svc, owner, lanes
 }
 
 func killWorker(t *testing.T, s *stack) *fault {
-	svc, owner, lanes := busiestWorker(t, s)
+	svc, owner, lanes := pickWorker(t, s)
 	f := &fault{name: "kill -9 a worker", target: svc, victimOwner: owner, lanes: lanes, start: time.Now()}
 	s.kill(svc)
 	t.Logf("killed %s (%s) owning %d lanes", svc, owner, len(lanes))
@@ -424,7 +464,7 @@ func rollingRestart(t *testing.T, s *stack) []*fault {
 }
 
 func partitionWorker(t *testing.T, s *stack) *fault {
-	svc, owner, lanes := busiestWorker(t, s)
+	svc, owner, lanes := pickWorker(t, s)
 	f := &fault{name: "partition a worker from NATS", target: svc, victimOwner: owner, lanes: lanes, start: time.Now()}
 	s.disconnect(svc)
 	t.Logf("partitioned %s (%s) owning %d lanes", svc, owner, len(lanes))

@@ -492,7 +492,7 @@ func report(t *testing.T, s *stack, lanes []*lane, faults []*fault, st stats) {
 	base := pct(calm)
 	fmt.Fprintf(&b, "send-to-reply (first POST attempt to the reply seen through an ingress) before the first fault: %s\n", base)
 	fmt.Fprintf(&b, "fault windows run from the injection until the target was healthy again, plus 5 s; a message counts in the window it was sent in\n")
-	fmt.Fprintf(&b, "%-40s %-9s %-38s %-22s %s\n", "fault", "target", "send-to-reply in the window", "added p50 / p99", "lanes with a turn in flight on the target: resumed by another worker after")
+	fmt.Fprintf(&b, "%-40s %-9s %-38s %-22s %s\n", "fault", "target", "send-to-reply in the window", "added p50 / p99", "lanes with a turn in flight on the target: next turn on another worker after")
 	for _, f := range faults {
 		var d []time.Duration
 		for _, x := range all {
