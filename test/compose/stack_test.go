@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -61,6 +62,7 @@ type stack struct {
 	ingress  []string // base URLs of ingress1, ingress2 on the host
 	natsURLs string   // the three nodes' client ports on the host
 	upTook   time.Duration
+	ids      map[string]string // service -> container id
 
 	hc    *http.Client
 	nc    *nats.Conn
@@ -102,7 +104,8 @@ func newStack(t *testing.T) *stack {
 	t.Helper()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	s := &stack{t: t, root: repoRoot(t), project: "afct" + hex.EncodeToString(b[:]), names: broker.MustNames(broker.DefaultPrefix)}
+	s := &stack{t: t, root: repoRoot(t), project: "afct" + hex.EncodeToString(b[:]),
+		names: broker.MustNames(broker.DefaultPrefix), ids: map[string]string{}}
 	ports := map[string]int{}
 	for _, k := range []string{"INGRESS1_PORT", "INGRESS2_PORT", "NATS1_PORT", "NATS2_PORT", "NATS3_PORT"} {
 		ports[k] = freePort(t)
@@ -132,6 +135,9 @@ func newStack(t *testing.T) *stack {
 	}
 	s.waitHealthy(healthyTimeout)
 	s.upTook = time.Since(begin)
+	for _, svc := range slices.Concat(natsServices, ingressServices, workerServices) {
+		s.container(svc)
+	}
 	t.Logf("stack healthy %v after `compose up -d`", s.upTook.Round(100*time.Millisecond))
 
 	tr := &http.Transport{MaxIdleConnsPerHost: 128}
@@ -184,15 +190,21 @@ func (s *stack) waitHealthy(timeout time.Duration) {
 	}
 }
 
-// container returns the container id of a service.
+// container returns the container id of a service. The id is looked up
+// once, while the container runs (the compose plugin's ps lists only
+// running containers), and stays valid across docker stop, kill and start.
 func (s *stack) container(service string) string {
 	s.t.Helper()
+	if id, ok := s.ids[service]; ok {
+		return id
+	}
 	out, err := s.compose("ps", "-q", service)
 	id := strings.TrimSpace(out)
 	if err != nil || id == "" {
 		s.t.Fatalf("container of %s: %v %s", service, err, out)
 	}
-	return strings.Fields(id)[0]
+	s.ids[service] = strings.Fields(id)[0]
+	return s.ids[service]
 }
 
 // health is a container's health status (healthy, unhealthy, starting) or
