@@ -79,6 +79,7 @@ compose-down:
 
 # The cluster tests (test/compose): each run brings up its own stack under
 # a unique project name and removes it afterwards. COMPOSE_MESSAGES sets
-# the chaos run's size (default 2000; docs/benchmarks.md uses 12000).
+# the chaos run's size (default 2000; docs/benchmarks.md uses 12000),
+# COMPOSE_LANES and COMPOSE_RATE (messages a second, default 10) its shape.
 compose-test: image
 	AGENTFLEET_IMAGE=$(IMAGE) $(GO) test -tags compose -count=1 -timeout 40m -v ./test/compose/

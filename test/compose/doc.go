@@ -10,5 +10,7 @@
 // Each run brings up its own stack under a unique compose project name, on
 // free loopback ports, and removes it (containers, network, volumes) when it
 // ends. COMPOSE_MESSAGES sets how many messages the chaos run posts (at
-// least; default 2000), COMPOSE_LANES over how many lanes (default 40).
+// least; default 2000), COMPOSE_LANES over how many lanes (default 40),
+// COMPOSE_RATE how many a second (default 10); the fault schedule repeats
+// until they are posted.
 package compose
