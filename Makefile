@@ -82,4 +82,4 @@ compose-down:
 # the chaos run's size (default 2000; docs/benchmarks.md uses 12000),
 # COMPOSE_LANES and COMPOSE_RATE (messages a second, default 10) its shape.
 compose-test: image
-	AGENTFLEET_IMAGE=$(IMAGE) $(GO) test -tags compose -count=1 -timeout 40m -v ./test/compose/
+	AGENTFLEET_IMAGE=$(IMAGE) $(GO) test -tags compose -count=1 -timeout 60m -v ./test/compose/
