@@ -423,9 +423,10 @@ func killInboxLeader(t *testing.T, s *stack) *fault {
 	<-pause.C
 	s.start(svc)
 	took := s.waitServiceHealthy(svc, healthyTimeout)
+	caught := s.waitReplicasCurrent(healthyTimeout)
 	f.end = time.Now()
 	f.detail = append(f.detail, fmt.Sprintf("new inbox leader %s after %v", next, elected.Round(10*time.Millisecond)),
-		fmt.Sprintf("node restarted after 5 s, healthy %v later", took.Round(100*time.Millisecond)))
+		fmt.Sprintf("node restarted after 5 s, healthy %v later, every replica current %v after that", took.Round(100*time.Millisecond), caught.Round(100*time.Millisecond)))
 	return f
 }
 
@@ -452,9 +453,10 @@ func partitionNATSNode(t *testing.T, s *stack) *fault {
 	<-hold.C
 	s.connectNet(svc)
 	took := s.waitServiceHealthy(svc, healthyTimeout)
+	caught := s.waitReplicasCurrent(healthyTimeout)
 	f.end = time.Now()
 	f.detail = append(f.detail, fmt.Sprintf("new inbox leader %s after %v", next, elected.Round(10*time.Millisecond)),
-		fmt.Sprintf("healed after 15 s, healthy %v later", took.Round(100*time.Millisecond)))
+		fmt.Sprintf("healed after 15 s, healthy %v later, every replica current %v after that", took.Round(100*time.Millisecond), caught.Round(100*time.Millisecond)))
 	return f
 }
 

@@ -292,7 +292,9 @@ func (s *stack) logs(service string, since time.Time) string {
 func (s *stack) connect() {
 	s.t.Helper()
 	nc, err := nats.Connect(s.natsURLs, nats.Name("compose-test"), nats.Timeout(5*time.Second),
-		nats.UserInfo("admin", adminPassword), nats.MaxReconnects(-1), nats.ReconnectWait(200*time.Millisecond))
+		nats.UserInfo("admin", adminPassword), nats.MaxReconnects(-1), nats.ReconnectWait(200*time.Millisecond),
+		// Leave a partitioned node quickly, as the fleet's processes do.
+		nats.PingInterval(2*time.Second), nats.MaxPingsOutstanding(3))
 	if err != nil {
 		s.t.Fatalf("connect to %s: %v", s.natsURLs, err)
 	}
@@ -475,6 +477,46 @@ func (s *stack) inboxLeader() (string, error) {
 		return "", fmt.Errorf("unknown inbox leader %q", info.Cluster.Leader)
 	}
 	return svc, nil
+}
+
+// waitReplicasCurrent waits until every stream of the fleet has a leader
+// and all its replicas current: a restarted or healed node has caught up.
+func (s *stack) waitReplicasCurrent(timeout time.Duration) time.Duration {
+	s.t.Helper()
+	begin := time.Now()
+	waitFor(s.t, timeout, "every stream's replicas to be current", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		names := s.js.StreamNames(ctx)
+		n := 0
+		for name := range names.Name() {
+			n++
+			st, err := s.js.Stream(ctx, name)
+			if err != nil {
+				return err
+			}
+			info := st.CachedInfo()
+			if info.Cluster == nil || info.Cluster.Leader == "" {
+				return fmt.Errorf("%s: no leader", name)
+			}
+			if len(info.Cluster.Replicas) != info.Config.Replicas-1 {
+				return fmt.Errorf("%s: %d replicas besides the leader", name, len(info.Cluster.Replicas))
+			}
+			for _, p := range info.Cluster.Replicas {
+				if !p.Current || p.Offline {
+					return fmt.Errorf("%s: replica %s not current", name, p.Name)
+				}
+			}
+		}
+		if err := names.Err(); err != nil {
+			return err
+		}
+		if n == 0 {
+			return errors.New("no streams listed")
+		}
+		return nil
+	})
+	return time.Since(begin)
 }
 
 // waitFor polls cond until it returns nil or timeout passes.
