@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -17,7 +18,7 @@ import (
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if out, err := exec.Command("docker", "info").CombinedOutput(); err != nil {
-		fmt.Printf("compose tests skipped: no Docker engine answers `docker info`: %v\n%s", err, firstLines(out, 3))
+		fmt.Printf("compose tests skipped: no Docker engine answers `docker info`: %v\n%s", err, lastLines(out, 2))
 		os.Exit(0)
 	}
 	if os.Getenv("COMPOSE_SKIP_IMAGE") == "" {
@@ -32,18 +33,19 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func firstLines(b []byte, n int) string {
-	out := ""
-	for i, c := range string(b) {
-		out = string(b[:i+1])
-		if c == '\n' {
-			n--
-			if n == 0 {
-				break
-			}
+// lastLines returns the last n non-empty lines of b (docker info ends with
+// the error that says why the engine did not answer).
+func lastLines(b []byte, n int) string {
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(l) != "" {
+			lines = append(lines, l)
 		}
 	}
-	return out
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n") + "\n"
 }
 
 // TestCluster brings up one stack and runs the smoke checks on it, then the
