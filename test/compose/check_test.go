@@ -117,8 +117,8 @@ type stats struct {
 	// unattributed counts entries after a fence whose turn has no event
 	// under an epoch that high (see checkFences).
 	unattributed int
-	statuses                                                                     map[string]int
-	byLane                                                                       map[string][]worker.TurnEvent
+	statuses     map[string]int
+	byLane       map[string][]worker.TurnEvent
 	// violations counts the failed checks by kind: LOST, DUPLICATED, ORDER,
 	// OWNERS.
 	violations map[string]int
