@@ -111,6 +111,17 @@ func (s *stack) readStream(st jetstream.Stream, filter string) ([]*jetstream.Raw
 	return out, nil
 }
 
+// describeInbox says what the inbox holds at seq, for a failure message.
+func (s *stack) describeInbox(seq uint64) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m, err := s.res.Inbox.GetMsg(ctx, seq)
+	if err != nil {
+		return fmt.Sprintf("inbox seq %d: %v", seq, err)
+	}
+	return fmt.Sprintf("inbox seq %d: subject %s, headers %v, stored %s, %q", seq, m.Subject, m.Header, m.Time.Format(time.StampMilli), m.Data)
+}
+
 // stats are what the invariant checks counted.
 type stats struct {
 	messages, turns, completed, resumed, epochs, takeovers, fences, deadLettered int
@@ -235,7 +246,7 @@ func checkLane(t *testing.T, s *stack, l *lane, evs []worker.TurnEvent, st *stat
 		want[m.seq] = m.text
 		switch n := count[m.seq]; {
 		case n == 0:
-			st.fail(t, "LOST", "%s: LOST: accepted message %d (seq %d) is not in the transcript", l.chat, m.idx, m.seq)
+			st.fail(t, "LOST", "%s: LOST: accepted message %d (seq %d) is not in the transcript; %s", l.chat, m.idx, m.seq, s.describeInbox(m.seq))
 		case n > 1:
 			st.fail(t, "DUPLICATED", "%s: DUPLICATED: message %d (seq %d) is in the transcript %d times", l.chat, m.idx, m.seq, n)
 		}
