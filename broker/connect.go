@@ -49,6 +49,13 @@ func Connect(cfg ConnectConfig) (*nats.Conn, error) {
 		nats.Timeout(timeout),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
+		// A server that went silent (a network partition drops packets, it
+		// sends no reset) is noticed within about ten seconds, less than a
+		// lease TTL, and the connection moves to another cluster node; the
+		// library's default (2 min x 2 pings) would leave a worker blind
+		// long enough to lose every lane it owns.
+		nats.PingInterval(3 * time.Second),
+		nats.MaxPingsOutstanding(3),
 		nats.ReconnectBufSize(64 << 20),
 		nats.RetryOnFailedConnect(false),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {

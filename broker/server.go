@@ -89,6 +89,7 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 		StoreDir:   cfg.DataDir,
 		NoSigs:     true,
 		NoLog:      !cfg.Debug,
+		Logtime:    cfg.Debug,
 		Debug:      false,
 	}
 	always, interval, err := ParseSync(cfg.Sync)

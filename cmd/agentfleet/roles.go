@@ -369,7 +369,10 @@ func natsCommand() *cli.Command {
 				routes = strings.Split(r, ",")
 			}
 			srv, err := broker.StartServer(broker.ServerConfig{Name: c.String("name"), DataDir: data, Listen: listen,
-				Sync: cfg.Embedded.Sync, ClusterName: c.String("cluster-name"), ClusterListen: c.String("cluster-listen"), Routes: routes})
+				Sync: cfg.Embedded.Sync, ClusterName: c.String("cluster-name"), ClusterListen: c.String("cluster-listen"), Routes: routes,
+				// A node's own log (routes, elections, stream leaders) is
+				// what an operator reads when a cluster misbehaves.
+				Debug: true})
 			if err != nil {
 				return err
 			}

@@ -1,0 +1,16 @@
+// Package compose holds the tests of the docker compose cluster
+// (compose.yaml at the repository root): three clustered NATS nodes, two
+// ingresses and three workers, each a container of the one image `make
+// image` builds. They run only with the build tag compose and a Docker
+// engine:
+//
+//	make compose-test                        # builds the image, runs them
+//	go test -tags compose -v ./test/compose  # the same, image already built
+//
+// Each run brings up its own stack under a unique compose project name, on
+// free loopback ports, and removes it (containers, network, volumes) when it
+// ends. COMPOSE_MESSAGES sets how many messages the chaos run posts (at
+// least; default 2000), COMPOSE_LANES over how many lanes (default 40),
+// COMPOSE_RATE how many a second (default 10); the fault schedule repeats
+// until they are posted.
+package compose
