@@ -1,7 +1,7 @@
 # The usual targets. CI runs .ci/run.
 GO ?= go
 
-.PHONY: all build test short race vet lint fmt bench ci up tidy image compose-up compose-down compose-test
+.PHONY: all build test short race vet lint fmt bench ci up tidy image compose-up compose-down compose-test compose-smoke
 
 all: vet test
 
@@ -83,3 +83,8 @@ compose-down:
 # COMPOSE_LANES and COMPOSE_RATE (messages a second, default 10) its shape.
 compose-test: image
 	AGENTFLEET_IMAGE=$(IMAGE) $(GO) test -tags compose -count=1 -timeout 60m -v ./test/compose/
+
+# The cluster smoke test alone (what CI runs): stack up, a reply through
+# each ingress, fleetctl lists the workers.
+compose-smoke: image
+	AGENTFLEET_IMAGE=$(IMAGE) $(GO) test -tags compose -count=1 -timeout 20m -v -run 'TestCluster/smoke$$' ./test/compose/
