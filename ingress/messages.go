@@ -10,9 +10,11 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -78,7 +80,7 @@ func (s *Server) handlePostMessage(w http.ResponseWriter, r *http.Request) {
 }
 
 // decodeMessage reads exactly one JSON object of known fields, at most max
-// bytes long.
+// bytes long (see decodeMessageBody).
 func decodeMessage(w http.ResponseWriter, r *http.Request, max int64) (*messageRequest, *apiError) {
 	tooLarge := func() *apiError {
 		return errorf(http.StatusRequestEntityTooLarge, "request body is larger than %d bytes", max)
@@ -89,22 +91,129 @@ func decodeMessage(w http.ResponseWriter, r *http.Request, max int64) (*messageR
 	// A client trickling its body in byte by byte must not hold a handler
 	// for ever. (Not a server-wide ReadTimeout: it would also end long polls.)
 	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(BodyReadTimeout))
-	body := http.MaxBytesReader(w, r.Body, max)
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	var req messageRequest
-	if err := dec.Decode(&req); err != nil {
-		return nil, decodeError(err, tooLarge)
-	}
-	// Nothing but white space may follow the object.
-	rest, err := io.ReadAll(io.MultiReader(dec.Buffered(), body))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
 	if err != nil {
 		return nil, decodeError(err, tooLarge)
 	}
-	if len(bytes.TrimSpace(rest)) > 0 {
-		return nil, badRequest("request body must hold exactly one JSON object; found more data after it")
+	return decodeMessageBody(body)
+}
+
+// messageFields are the JSON names of messageRequest's fields.
+var messageFields = jsonFieldNames(reflect.TypeFor[messageRequest]())
+
+func jsonFieldNames(t reflect.Type) map[string]bool {
+	out := map[string]bool{}
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		out[name] = true
+	}
+	return out
+}
+
+// decodeMessageBody decodes a POST /v1/messages body strictly: valid UTF-8
+// (encoding/json would turn invalid bytes into U+FFFD, and two different
+// ids into one), exactly one JSON object, each field named exactly as
+// documented (encoding/json would also take "Chat_ID" for chat_id) and at
+// most once (it would keep the last of two), nothing but white space after
+// it.
+func decodeMessageBody(body []byte) (*messageRequest, *apiError) {
+	if !utf8.Valid(body) {
+		at := 0
+		for at < len(body) {
+			r, size := utf8.DecodeRune(body[at:])
+			if r == utf8.RuneError && size <= 1 {
+				break
+			}
+			at += size
+		}
+		return nil, badRequest("request body is not valid UTF-8 (at byte %d)", at)
+	}
+	if e := checkObjectFields(body, messageFields); e != nil {
+		return nil, e
+	}
+	var req messageRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return nil, decodeError(err, nil)
 	}
 	return &req, nil
+}
+
+// checkObjectFields makes sure body is one JSON object whose member names
+// are all in known, spelled exactly so (letter case included), each at most
+// once, followed by nothing but white space.
+func checkObjectFields(body []byte, known map[string]bool) *apiError {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	tok, err := dec.Token()
+	if err != nil {
+		return decodeError(err, nil)
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return badRequest("request body must be a JSON object, not %s", jsonKind(tok))
+	}
+	// Past the opening brace, the end of the body is a truncated object.
+	inside := func(err error) *apiError {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return decodeError(err, nil)
+	}
+	seen := make(map[string]bool, len(known))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return inside(err)
+		}
+		name, ok := tok.(string)
+		if !ok {
+			return badRequest("malformed JSON: want a field name, found %s", jsonKind(tok))
+		}
+		if !known[name] {
+			for k := range known {
+				if strings.EqualFold(k, name) {
+					return badRequest("unknown field %q: field names are case-sensitive (did you mean %q?)", name, k)
+				}
+			}
+			return badRequest("unknown field %q", name)
+		}
+		if seen[name] {
+			return badRequest("field %q appears more than once", name)
+		}
+		seen[name] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return inside(err)
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return inside(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return badRequest("request body must hold exactly one JSON object; found more data after it")
+	}
+	return nil
+}
+
+// jsonKind names the kind of JSON value a token starts.
+func jsonKind(tok json.Token) string {
+	switch v := tok.(type) {
+	case json.Delim:
+		if v == '[' {
+			return "an array"
+		}
+		return fmt.Sprintf("%q", string(v))
+	case string:
+		return "a string"
+	case json.Number, float64:
+		return "a number"
+	case bool:
+		return "a boolean"
+	case nil:
+		return "null"
+	}
+	return fmt.Sprintf("%T", tok)
 }
 
 // decodeError turns a JSON decoding error into a message naming the problem.
@@ -115,7 +224,7 @@ func decodeError(err error, tooLarge func() *apiError) *apiError {
 		typeErr   *json.UnmarshalTypeError
 	)
 	switch {
-	case errors.As(err, &maxErr):
+	case errors.As(err, &maxErr) && tooLarge != nil:
 		return tooLarge()
 	case errors.Is(err, io.EOF):
 		return badRequest("request body is empty; want a JSON object with chat_id and text")
@@ -361,14 +470,8 @@ func platformMsgID(p session.Platform, chatID, messageID string) string {
 	return string(p) + ":" + escapeColon(chatID) + ":" + escapeColon(messageID)
 }
 
-var colonEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
-
-func escapeColon(s string) string {
-	if !strings.ContainsAny(s, "%:") {
-		return s
-	}
-	return colonEscaper.Replace(s)
-}
+// escapeColon escapes an id as a session-key segment is escaped.
+func escapeColon(s string) string { return session.EscapeKeySegment(s) }
 
 // randomID is a Nats-Msg-Id for a message without a platform id.
 func randomID() string {

@@ -55,6 +55,10 @@ func validateSessionKey(key string) error {
 			return err
 		}
 	}
+	// Ids inside a key are escaped (':' as %3A, '%' as %25).
+	if _, _, _, err := session.SplitSessionKey(key); err != nil {
+		return err
+	}
 	return nil
 }
 

@@ -13,6 +13,12 @@ var (
 	// path or a subject: a path separator, "..", a control character, invalid
 	// UTF-8, or more than MaxIDLength bytes.
 	ErrInvalidID = errors.New("invalid identifier")
+	// ErrInvalidName reports a display name of a SessionSource (chat_name,
+	// user_name, chat_topic) longer than MaxNameLength or not UTF-8.
+	ErrInvalidName = errors.New("invalid name")
+	// ErrInvalidKeySegment reports a session key, or one of its segments,
+	// that BuildSessionKey cannot have produced.
+	ErrInvalidKeySegment = errors.New("invalid session key")
 	// ErrInvalidLaneToken reports a string that LaneToken cannot have produced.
 	ErrInvalidLaneToken = errors.New("invalid lane token")
 	// ErrInvalidResetPolicy reports a reset policy that cannot be evaluated.

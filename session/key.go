@@ -1,6 +1,9 @@
 package session
 
-import "strings"
+import (
+	"fmt"
+	"strings"
+)
 
 // keyNamespace is the fixed head of every session key.
 const keyNamespace = "agent:main"
@@ -15,7 +18,11 @@ func DefaultKeyOptions() KeyOptions {
 //
 //	agent:main:{platform}:{chat_type}[:{chat_id}][:{thread_id}][:{participant_id}]
 //
-// An empty chat type is "dm". Identifiers are inserted raw, never redacted.
+// An empty chat type is "dm". Identifiers are never redacted. Each one is
+// written through EscapeKeySegment: a ':' inside an id becomes "%3A" and a
+// '%' becomes "%25", so an id can never pass for two segments (chat "a:b"
+// and chat "a" with thread "b" get different keys) while every id without
+// those two bytes reads exactly as the seed writes it.
 //
 // DMs: the chat id when present (for WhatsApp, canonicalized through
 // opts.WhatsApp, or only normalized when it is nil); without one, the
@@ -40,32 +47,100 @@ func BuildSessionKey(src SessionSource, opts KeyOptions) string {
 		}
 		switch {
 		case chatID != "":
-			parts = append(parts, chatID)
+			parts = append(parts, EscapeKeySegment(chatID))
 		default:
 			// No chat id: fall back to the sender, else every chat-id-less DM
 			// of the platform would share one session.
 			if p := participantID(src, opts); p != "" {
-				parts = append(parts, p)
+				parts = append(parts, EscapeKeySegment(p))
 			}
 		}
 		if src.ThreadID != "" {
-			parts = append(parts, src.ThreadID)
+			parts = append(parts, EscapeKeySegment(src.ThreadID))
 		}
 		return strings.Join(parts, ":")
 	}
 
 	if src.ChatID != "" {
-		parts = append(parts, src.ChatID)
+		parts = append(parts, EscapeKeySegment(src.ChatID))
 	}
 	if src.ThreadID != "" {
-		parts = append(parts, src.ThreadID)
+		parts = append(parts, EscapeKeySegment(src.ThreadID))
 	}
 	if !IsSharedMultiUserSession(src, opts) {
 		if p := participantID(src, opts); p != "" {
-			parts = append(parts, p)
+			parts = append(parts, EscapeKeySegment(p))
 		}
 	}
 	return strings.Join(parts, ":")
+}
+
+// keySegmentEscaper percent-escapes the two bytes that would make a key
+// segment ambiguous: '%' (the escape itself) and ':' (the separator).
+var keySegmentEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
+
+// EscapeKeySegment writes one identifier as a session-key segment: '%'
+// becomes "%25" and ':' becomes "%3A"; every other byte stands for itself,
+// so ids without those two bytes are unchanged. Distinct ids always give
+// distinct segments, and no segment contains ':'.
+func EscapeKeySegment(id string) string {
+	if !strings.ContainsAny(id, "%:") {
+		return id
+	}
+	return keySegmentEscaper.Replace(id)
+}
+
+// UnescapeKeySegment reverses EscapeKeySegment. It fails on a segment that
+// EscapeKeySegment cannot have produced: one holding ':', or a '%' not
+// followed by "25" or "3A".
+func UnescapeKeySegment(seg string) (string, error) {
+	if strings.Contains(seg, ":") {
+		return "", fmt.Errorf("%w: segment %q holds ':'", ErrInvalidKeySegment, seg)
+	}
+	if !strings.Contains(seg, "%") {
+		return seg, nil
+	}
+	var b strings.Builder
+	b.Grow(len(seg))
+	for i := 0; i < len(seg); i++ {
+		if seg[i] != '%' {
+			b.WriteByte(seg[i])
+			continue
+		}
+		switch {
+		case strings.HasPrefix(seg[i:], "%25"):
+			b.WriteByte('%')
+		case strings.HasPrefix(seg[i:], "%3A"):
+			b.WriteByte(':')
+		default:
+			return "", fmt.Errorf("%w: segment %q: '%%' at byte %d is not %%25 or %%3A", ErrInvalidKeySegment, seg, i)
+		}
+		i += 2
+	}
+	return b.String(), nil
+}
+
+// SplitSessionKey returns the identifier segments of a session key, after
+// the namespace, the platform and the chat type, unescaped: for
+// "agent:main:telegram:group:a%3Ab:u1" it returns "telegram", "group" and
+// ["a:b", "u1"]. It fails on a key BuildSessionKey cannot have produced.
+func SplitSessionKey(key string) (platform Platform, chatType string, ids []string, err error) {
+	rest, ok := strings.CutPrefix(key, keyNamespace+":")
+	if !ok {
+		return "", "", nil, fmt.Errorf("%w: %q does not start with %q", ErrInvalidKeySegment, key, keyNamespace+":")
+	}
+	segs := strings.Split(rest, ":")
+	if len(segs) < 2 {
+		return "", "", nil, fmt.Errorf("%w: %q has no chat type", ErrInvalidKeySegment, key)
+	}
+	for _, seg := range segs[2:] {
+		id, err := UnescapeKeySegment(seg)
+		if err != nil {
+			return "", "", nil, err
+		}
+		ids = append(ids, id)
+	}
+	return Platform(segs[0]), segs[1], ids, nil
 }
 
 // IsSharedMultiUserSession reports whether src belongs to a session shared

@@ -165,9 +165,14 @@ func TestBuildSessionKeyRules(t *testing.T) {
 			opts: session.DefaultKeyOptions(), want: "agent:main:telegram:group:u",
 		},
 		{
-			name: "ids are inserted raw",
+			name: "ids are inserted raw but for ':' and '%', which are escaped",
 			src:  session.SessionSource{Platform: "matrix", ChatType: "group", ChatID: "!room:example.org", UserID: "@alice:example.org"},
-			opts: session.DefaultKeyOptions(), want: "agent:main:matrix:group:!room:example.org:@alice:example.org",
+			opts: session.DefaultKeyOptions(), want: "agent:main:matrix:group:!room%3Aexample.org:@alice%3Aexample.org",
+		},
+		{
+			name: "a percent sign is escaped too",
+			src:  session.SessionSource{Platform: "http", ChatType: "dm", ChatID: "50%3A"},
+			opts: session.DefaultKeyOptions(), want: "agent:main:http:dm:50%253A",
 		},
 		{
 			name: "non-WhatsApp ids are not normalized",

@@ -12,6 +12,13 @@ import (
 // MaxIDLength is the longest identifier, in bytes, that Validate accepts.
 const MaxIDLength = 256
 
+// MaxNameLength is the longest display name (chat_name, user_name,
+// chat_topic), in bytes, that Validate accepts: above every platform's own
+// limit (Telegram titles are at most 128 characters, Slack topics 250),
+// and small enough that a session entry, which keeps the chat name, always
+// fits in a NATS message.
+const MaxNameLength = 1024
+
 // knownPlatforms lists every Platform constant, in declaration order.
 var knownPlatforms = []Platform{
 	PlatformTelegram,
@@ -121,9 +128,12 @@ func (s *SessionSource) Normalize() {
 // type other than dm, group, channel or thread (empty is accepted and means
 // dm, see Normalize), and identifiers (chat_id, user_id, user_id_alt,
 // thread_id, chat_id_alt, guild_id, parent_chat_id, message_id) holding '/',
-// '\\', "..", a control character (NUL included), invalid UTF-8, or more than
-// MaxIDLength bytes. Each problem wraps ErrUnknownPlatform,
-// ErrInvalidChatType or ErrInvalidID and names the field and the value.
+// '\\', "..", a control character (NUL included), invalid UTF-8, U+FFFD
+// (what a decoder leaves of invalid UTF-8, so two ids could merge), or more than
+// MaxIDLength bytes; and names (chat_name, user_name, chat_topic) of more
+// than MaxNameLength bytes or of invalid UTF-8. Each problem wraps
+// ErrUnknownPlatform, ErrInvalidChatType, ErrInvalidID or ErrInvalidName and
+// names the field.
 func (s SessionSource) Validate() error {
 	var errs []error
 	if !s.Platform.Known() {
@@ -144,6 +154,17 @@ func (s SessionSource) Validate() error {
 	} {
 		if err := ValidateID(f.name, f.value); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	for _, f := range []struct{ name, value string }{
+		{"chat_name", s.ChatName},
+		{"user_name", s.UserName},
+		{"chat_topic", s.ChatTopic},
+	} {
+		if len(f.value) > MaxNameLength {
+			errs = append(errs, fmt.Errorf("%w: %s: %d bytes is longer than the limit of %d", ErrInvalidName, f.name, len(f.value), MaxNameLength))
+		} else if !utf8.ValidString(f.value) {
+			errs = append(errs, fmt.Errorf("%w: %s %s: invalid UTF-8", ErrInvalidName, f.name, quoteForError(f.value)))
 		}
 	}
 	return errors.Join(errs...)
@@ -172,6 +193,11 @@ func idProblem(v string) string {
 		switch {
 		case r == utf8.RuneError && size == 1:
 			return fmt.Sprintf("invalid UTF-8 at byte %d", i)
+		case r == utf8.RuneError:
+			// A decoder that met invalid UTF-8 or an unpaired surrogate
+			// escape ("\ud800") writes U+FFFD in its place: two different
+			// ids would then read the same.
+			return fmt.Sprintf("contains U+FFFD at byte %d (the replacement character stands for invalid UTF-8 or an unpaired surrogate)", i)
 		case r == '/' || r == '\\':
 			return fmt.Sprintf("contains path separator %q", r)
 		case unicode.IsControl(r):

@@ -177,6 +177,22 @@ func TestSessionSourceValidate(t *testing.T) {
 			wantErr: session.ErrInvalidID, wantMsg: []string{"user_id", "UTF-8"},
 		},
 		{
+			name: "replacement character (what a decoder leaves of invalid UTF-8)", mutate: func(s *session.SessionSource) { s.ChatID = "a\uFFFDb" },
+			wantErr: session.ErrInvalidID, wantMsg: []string{"chat_id", "U+FFFD"},
+		},
+		{
+			name: "overlong chat name", mutate: func(s *session.SessionSource) { s.ChatName = strings.Repeat("n", session.MaxNameLength+1) },
+			wantErr: session.ErrInvalidName, wantMsg: []string{"chat_name", "1025 bytes", "1024"},
+		},
+		{
+			name: "overlong user name", mutate: func(s *session.SessionSource) { s.UserName = strings.Repeat("n", session.MaxNameLength+1) },
+			wantErr: session.ErrInvalidName, wantMsg: []string{"user_name"},
+		},
+		{
+			name: "invalid utf-8 in chat topic", mutate: func(s *session.SessionSource) { s.ChatTopic = "t\xff" },
+			wantErr: session.ErrInvalidName, wantMsg: []string{"chat_topic", "UTF-8"},
+		},
+		{
 			name: "overlong id", mutate: func(s *session.SessionSource) { s.MessageID = strings.Repeat("m", 257) },
 			wantErr: session.ErrInvalidID, wantMsg: []string{"message_id", "257 bytes", "256"},
 		},
