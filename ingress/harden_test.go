@@ -2,6 +2,7 @@ package ingress_test
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -45,4 +46,33 @@ func TestPostIdentitiesNeverShareASession(t *testing.T) {
 	if after := b.inboxCount(t); after != before {
 		t.Fatalf("refused messages were published: inbox %d -> %d", before, after)
 	}
+}
+
+// TestPostFieldsAreBounded is issue 12's defect 1 at the door: a 535,000
+// byte chat_name was accepted (202) and then jammed its lane. Every field
+// has a documented bound (docs/http-api.md); a field past it is refused
+// with 400 and nothing is published.
+func TestPostFieldsAreBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	long := func(n int) string { return strings.Repeat("n", n) }
+	for body, want := range map[string]string{
+		`{"chat_id":"pz","chat_name":"` + long(535000) + `","text":"hi"}`:  "chat_name: 535000 bytes",
+		`{"chat_id":"pz","user_name":"` + long(1025) + `","text":"hi"}`:    "user_name: 1025 bytes",
+		`{"chat_id":"` + long(257) + `","text":"hi"}`:                      "chat_id",
+		`{"chat_id":"pz","user_id":"` + long(257) + `","text":"hi"}`:       "user_id",
+		`{"chat_id":"pz","user_id_alt":"` + long(257) + `","text":"hi"}`:   "user_id_alt",
+		`{"chat_id":"pz","thread_id":"` + long(257) + `","text":"hi"}`:     "thread_id",
+		`{"chat_id":"pz","message_id":"` + long(257) + `","text":"hi"}`:    "message_id",
+		`{"chat_id":"pz","chat_type":"` + long(20) + `","text":"hi"}`:      "chat type",
+		`{"chat_id":"pz","platform":"` + long(20) + `","text":"hi"}`:       "platform",
+	} {
+		wantError(t, b.post(t, body), http.StatusBadRequest, want)
+	}
+	if n := b.inboxCount(t); n != 0 {
+		t.Fatalf("%d messages published", n)
+	}
+	// At the bounds, accepted.
+	r := b.post(t, `{"chat_id":"`+long(256)+`","chat_name":"`+long(1024)+`","user_name":"`+long(1024)+`","text":"hi"}`)
+	wantStatus(t, r, http.StatusAccepted)
 }

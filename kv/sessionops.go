@@ -59,9 +59,8 @@ func (s *Store) GetOrCreateSession(ctx context.Context, src session.SessionSourc
 		if e == nil {
 			e = &session.SessionEntry{SessionKey: key, Platform: src.Platform, ChatType: src.ChatType, CostStatus: "unknown"}
 		}
-		origin := src
-		e.Origin = &origin
-		e.DisplayName = src.ChatName
+		e.DisplayName = ""
+		e.SetOrigin(src)
 		if dec.Reset {
 			e.StartSession(dec.SessionID, dec.Reason, now)
 		} else {

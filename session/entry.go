@@ -120,3 +120,31 @@ type TurnIntent struct {
 	Epoch     uint64    `json:"epoch,omitempty"`
 	StartedAt time.Time `json:"started_at"`
 }
+
+// SetOrigin records src as the entry's origin, and its chat name, when it
+// has one, as the display name. The name is stored once: the origin's
+// chat_name is left empty when it equals the display name, and
+// OriginSource puts it back.
+func (e *SessionEntry) SetOrigin(src SessionSource) {
+	if src.ChatName != "" {
+		e.DisplayName = src.ChatName
+	}
+	if src.ChatName == e.DisplayName {
+		src.ChatName = ""
+	}
+	e.Origin = &src
+}
+
+// OriginSource returns the entry's origin with its chat name (the display
+// name when the origin does not carry its own, see SetOrigin); false when
+// the entry has no origin.
+func (e *SessionEntry) OriginSource() (SessionSource, bool) {
+	if e == nil || e.Origin == nil {
+		return SessionSource{}, false
+	}
+	o := *e.Origin
+	if o.ChatName == "" {
+		o.ChatName = e.DisplayName
+	}
+	return o, true
+}

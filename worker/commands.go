@@ -113,8 +113,7 @@ func (l *lane) runCommand(m inboxMsg) bool {
 			e.SessionKey = m.body.SessionKey
 		}
 		if e.Origin == nil {
-			o := src
-			e.Origin = &o
+			e.SetOrigin(src)
 		}
 		return e, nil
 	}, true)

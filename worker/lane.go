@@ -101,6 +101,10 @@ type lane struct {
 	// lane is due an automatic resume (set when the lane is taken and when
 	// an admin command marked it resume_pending).
 	autoCheck bool
+	// lastWriteErr is the last failed durable write, failures the steps
+	// failed in a row (see retryInPlace).
+	lastWriteErr error
+	failures     int
 }
 
 var monoBase = time.Now()
@@ -430,21 +434,17 @@ func (l *lane) own(lease *kv.Lease) bool {
 	}
 	defer sub.Unsubscribe() //nolint:errcheck
 
-	// A lane taken with a turn in flight resumes that turn; one taken
-	// without may be due an automatic resume (see autoResumeDue).
+	// A lane taken with a turn in flight resumes that turn (the previous
+	// owner died, or, after a failed step, see retryInPlace, this one could
+	// not finish it); one taken without may be due an automatic resume (see
+	// autoResumeDue).
 	l.autoCheck = l.entry.Turn == nil
-	if l.entry.Turn != nil {
-		if !l.recoverTurn() {
-			if l.alive() && w.draining() {
-				// A drain cut the resumed turn: the turn record stays; hand
-				// the lane over at once rather than let the lease run out.
-				// (After a failed write the lease runs out instead: a
-				// recovery that keeps failing must not bounce the lane
-				// between workers in a hot loop.)
-				l.release()
-			} else {
-				l.giveUp()
-			}
+	for l.entry.Turn != nil {
+		if l.recoverTurn() {
+			l.failures = 0
+			break
+		}
+		if !l.retryInPlace(nil) {
 			return false
 		}
 	}
@@ -483,17 +483,24 @@ func (l *lane) own(lease *kv.Lease) bool {
 			if st.kind == session.KindCommand && st.msgs[0].body.Command == "resume_pending" {
 				l.autoCheck = true
 			}
+			l.lastWriteErr = nil
 			if !l.runStep(st) {
-				if l.alive() {
-					// A drain timeout or a failed write: the turn record
-					// (if any) stays for the next owner; hand the lane over
-					// at once rather than let the lease run out.
-					l.release()
-				} else {
-					l.giveUp()
+				// A drain timeout, a lost lease or a failed write.
+				if !l.retryInPlace(st) {
+					return false
 				}
-				return false
+				for l.entry.Turn != nil {
+					if l.recoverTurn() {
+						break
+					}
+					if !l.retryInPlace(nil) {
+						return false
+					}
+				}
+				lingerUntil = time.Now().Add(w.cfg.Linger)
+				continue
 			}
+			l.failures = 0
 			lingerUntil = time.Now().Add(w.cfg.Linger)
 			continue
 		}
@@ -670,6 +677,7 @@ func (l *lane) mutate(fn kv.MutateFunc, fenced bool) error {
 	}
 	e, rev, err := l.w.store.Mutate(context.WithoutCancel(l.ctx), l.lane, l.entry, l.rev, fence, fn)
 	if err != nil {
+		l.noteWriteErr(err)
 		if errors.Is(err, kv.ErrLeaseLost) {
 			l.lost.Store(true)
 			l.cancel(errLeaseLost)
@@ -778,6 +786,7 @@ func (l *lane) appendTo(st *txState, e *transcript.Entry) error {
 		}
 	}
 	if err != nil {
+		l.noteWriteErr(err)
 		return err
 	}
 	e.Seq = seq

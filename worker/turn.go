@@ -171,35 +171,43 @@ func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
 			return nil, err
 		}
 	}
-	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
-		if e.CommittedSeq >= intent.FirstSeq {
-			return nil, fmt.Errorf("turn starts at %d but %d is committed", intent.FirstSeq, e.CommittedSeq)
-		}
-		e.Turn = intent
-		if st.kind == session.KindInternal && e.LastResumeMarkedAt != nil {
-			// This marker has had its automatic resume (see autoResumeDue).
-			at := *e.LastResumeMarkedAt
-			e.AutoResumedAt = &at
-		}
-		if queueDepth >= 0 {
-			e.QueueDepth = queueDepth
-		}
-		if dec.Reset {
-			e.StartSession(dec.SessionID, dec.Reason, now)
-		}
-		origin := src
-		e.Origin = &origin
-		if src.ChatName != "" {
-			e.DisplayName = src.ChatName
-		}
-		e.Platform = src.Platform
-		e.ChatType = src.ChatType
-		if e.SessionKey == "" {
-			e.SessionKey = st.msgs[0].body.SessionKey
-		}
-		e.UpdatedAt = now
-		return e, nil
-	}, true)
+	record := func(src session.SessionSource) error {
+		return l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+			if e.CommittedSeq >= intent.FirstSeq {
+				return nil, fmt.Errorf("turn starts at %d but %d is committed", intent.FirstSeq, e.CommittedSeq)
+			}
+			e.Turn = intent
+			if st.kind == session.KindInternal && e.LastResumeMarkedAt != nil {
+				// This marker has had its automatic resume (see autoResumeDue).
+				at := *e.LastResumeMarkedAt
+				e.AutoResumedAt = &at
+			}
+			if queueDepth >= 0 {
+				e.QueueDepth = queueDepth
+			}
+			if dec.Reset {
+				e.StartSession(dec.SessionID, dec.Reason, now)
+			}
+			e.SetOrigin(src)
+			e.Platform = src.Platform
+			e.ChatType = src.ChatType
+			if e.SessionKey == "" {
+				e.SessionKey = st.msgs[0].body.SessionKey
+			}
+			e.UpdatedAt = now
+			return e, nil
+		}, true)
+	}
+	err := record(src)
+	if tooLarge(err) {
+		// Names the ingress did not bound (an older ingress, another
+		// adapter) can make the entry larger than the store takes: record
+		// the turn with the origin's names left out.
+		l.log.Warn("turn intent too large with the source's names; recording it without them", "err", err)
+		slim := src
+		slim.ChatName, slim.UserName, slim.ChatTopic = "", "", ""
+		err = record(slim)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -1041,8 +1049,8 @@ func sourceOf(e *session.SessionEntry, msgs []inboxMsg) session.SessionSource {
 	if len(msgs) > 0 && msgs[0].body.Source.Platform != "" {
 		return msgs[0].body.Source
 	}
-	if e != nil && e.Origin != nil {
-		return *e.Origin
+	if o, ok := e.OriginSource(); ok {
+		return o
 	}
 	return session.SessionSource{Platform: session.PlatformHTTP}
 }

@@ -105,8 +105,8 @@ func publishCommand(ctx context.Context, cl *client, lane, command, args string)
 		return 0, err
 	}
 	in := session.Inbound{SessionKey: e.SessionKey, Kind: session.KindCommand, Command: command, Args: args, ReceivedAt: time.Now()}
-	if e.Origin != nil {
-		in.Source = *e.Origin
+	if o, ok := e.OriginSource(); ok {
+		in.Source = o
 	}
 	data, err := json.Marshal(in)
 	if err != nil {
