@@ -57,15 +57,15 @@ func TestPostFieldsAreBounded(t *testing.T) {
 	b := setup(t, setupOpts{})
 	long := func(n int) string { return strings.Repeat("n", n) }
 	for body, want := range map[string]string{
-		`{"chat_id":"pz","chat_name":"` + long(535000) + `","text":"hi"}`:  "chat_name: 535000 bytes",
-		`{"chat_id":"pz","user_name":"` + long(1025) + `","text":"hi"}`:    "user_name: 1025 bytes",
-		`{"chat_id":"` + long(257) + `","text":"hi"}`:                      "chat_id",
-		`{"chat_id":"pz","user_id":"` + long(257) + `","text":"hi"}`:       "user_id",
-		`{"chat_id":"pz","user_id_alt":"` + long(257) + `","text":"hi"}`:   "user_id_alt",
-		`{"chat_id":"pz","thread_id":"` + long(257) + `","text":"hi"}`:     "thread_id",
-		`{"chat_id":"pz","message_id":"` + long(257) + `","text":"hi"}`:    "message_id",
-		`{"chat_id":"pz","chat_type":"` + long(20) + `","text":"hi"}`:      "chat type",
-		`{"chat_id":"pz","platform":"` + long(20) + `","text":"hi"}`:       "platform",
+		`{"chat_id":"pz","chat_name":"` + long(535000) + `","text":"hi"}`: "chat_name: 535000 bytes",
+		`{"chat_id":"pz","user_name":"` + long(1025) + `","text":"hi"}`:   "user_name: 1025 bytes",
+		`{"chat_id":"` + long(257) + `","text":"hi"}`:                     "chat_id",
+		`{"chat_id":"pz","user_id":"` + long(257) + `","text":"hi"}`:      "user_id",
+		`{"chat_id":"pz","user_id_alt":"` + long(257) + `","text":"hi"}`:  "user_id_alt",
+		`{"chat_id":"pz","thread_id":"` + long(257) + `","text":"hi"}`:    "thread_id",
+		`{"chat_id":"pz","message_id":"` + long(257) + `","text":"hi"}`:   "message_id",
+		`{"chat_id":"pz","chat_type":"` + long(20) + `","text":"hi"}`:     "chat type",
+		`{"chat_id":"pz","platform":"` + long(20) + `","text":"hi"}`:      "platform",
 	} {
 		wantError(t, b.post(t, body), http.StatusBadRequest, want)
 	}
