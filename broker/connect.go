@@ -63,7 +63,8 @@ func Connect(cfg ConnectConfig) (*nats.Conn, error) {
 				log.Warn("nats disconnected", "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
+		// Never the plain URL: it may carry a password or a token.
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted()) }),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subj := ""
 			if sub != nil {
@@ -107,7 +108,7 @@ func Connect(cfg ConnectConfig) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w", RedactURL(url), err)
+		return nil, fmt.Errorf("connect to nats %s: %w", RedactURL(url), redactErr(err, secretsOf(cfg)))
 	}
 	return nc, nil
 }

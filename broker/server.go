@@ -126,7 +126,7 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 			}
 			u, err := url.Parse(r)
 			if err != nil || u.Host == "" {
-				return nil, fmt.Errorf("embedded server: route %q is not a URL like nats-route://host:port", r)
+				return nil, fmt.Errorf("embedded server: route %q is not a URL like nats-route://host:port", RedactURL(r))
 			}
 			opts.Routes = append(opts.Routes, u)
 		}

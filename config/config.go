@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
 )
 
@@ -738,9 +739,11 @@ const redactedValue = "[redacted]"
 
 // Redacted returns a copy of c for printing: nats.password, nats.token and
 // http.token, when set, are replaced by "[redacted]" (an unset secret stays
-// empty, so the output still tells whether one is configured).
+// empty, so the output still tells whether one is configured), and a
+// user information inside nats.url by "[redacted]".
 func (c Config) Redacted() Config {
 	r := c.clone()
+	r.NATS.URL = broker.RedactURL(r.NATS.URL)
 	for _, s := range []*string{&r.NATS.Password, &r.NATS.Token, &r.HTTP.Token, &r.Agent.Bridge.Token, &r.Agent.OpenAI.APIKey} {
 		if *s != "" {
 			*s = redactedValue

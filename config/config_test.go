@@ -899,3 +899,23 @@ func TestNotifyExcludePlatforms(t *testing.T) {
 		t.Errorf("unknown platform: %v", err)
 	}
 }
+
+// TestNATSURLSecretsNeverShown: a password or token inside nats.url is
+// neither quoted in a validation error nor printed.
+func TestNATSURLSecretsNeverShown(t *testing.T) {
+	t.Parallel()
+	c := config.Default()
+	err := c.Set("nats.url", "http://alice:s3cret@127.0.0.1:4222")
+	if err == nil || !strings.Contains(err.Error(), "[redacted]@") || strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("Set() = %v; want the scheme refused with the password redacted", err)
+	}
+	c = config.Default()
+	c.NATS.URL = "nats://t0ken@127.0.0.1:4222"
+	out, err := yaml.Marshal(c.Redacted())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "t0ken") || !strings.Contains(string(out), "nats://[redacted]@127.0.0.1:4222") {
+		t.Errorf("redacted YAML:\n%s", out)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
 )
 
@@ -314,11 +315,13 @@ func checkHostPort(allowEmpty bool) func(any) string {
 }
 
 func checkNATSURL(v any) string {
-	s := v.(string)
-	if strings.TrimSpace(s) == "" {
+	// The URL may carry a password or a token: errors quote it redacted.
+	raw := v.(string)
+	s := broker.RedactURL(raw)
+	if strings.TrimSpace(raw) == "" {
 		return fmt.Sprintf("%q must not be empty", s)
 	}
-	for part := range strings.SplitSeq(s, ",") {
+	for part := range strings.SplitSeq(raw, ",") {
 		part = strings.TrimSpace(part)
 		if part == "" {
 			return fmt.Sprintf("%q has an empty URL in its list", s)

@@ -39,6 +39,7 @@ type config struct {
 	portSet    bool
 	syncAlways bool
 	serverName string
+	user, pass string
 }
 
 func newConfig(opts []Option) *config {
@@ -74,6 +75,12 @@ func WithServerName(name string) Option {
 	return func(c *config) { c.serverName = name }
 }
 
+// WithUser makes a standalone server require this user and password of
+// every client (Connect then needs nats.UserInfo). RunCluster ignores it.
+func WithUser(user, password string) Option {
+	return func(c *config) { c.user, c.pass = user, password }
+}
+
 // Server is an in-process nats-server with JetStream. The embedded *server.Server
 // is the running instance; Restart replaces it.
 type Server struct {
@@ -85,6 +92,7 @@ type Server struct {
 	name       string
 	port       int // client port; -1 until the first start resolves it
 	syncAlways bool
+	user, pass string
 
 	// Cluster settings; zero for a standalone server.
 	clusterName string
@@ -104,6 +112,8 @@ func RunServer(t testing.TB, opts ...Option) *Server {
 		name:       cfg.serverName,
 		port:       server.RANDOM_PORT,
 		syncAlways: cfg.syncAlways,
+		user:       cfg.user,
+		pass:       cfg.pass,
 	}
 	if s.StoreDir == "" {
 		s.StoreDir = t.TempDir()
@@ -134,6 +144,8 @@ func (s *Server) options() *server.Options {
 		SyncAlways: s.syncAlways,
 		NoLog:      !verbose,
 		NoSigs:     true,
+		Username:   s.user,
+		Password:   s.pass,
 	}
 	if s.clusterName != "" {
 		o.Cluster = server.ClusterOpts{Name: s.clusterName, Host: host, Port: s.routePort}
