@@ -30,6 +30,10 @@ const (
 	HdrSessionID = "Fleet-Session-Id"
 	HdrTxSeq     = "Fleet-Tx-Seq"
 	HdrInboxSeq  = "Fleet-Inbox-Seq"
+	// HdrOutboxSeq, on a mailbox message, is the outbox stream seq of the
+	// reply it delivers: a lane's mailbox holds its replies in outbox order,
+	// so its last message says which replies are already there.
+	HdrOutboxSeq = "Fleet-Outbox-Seq"
 	// HdrReason explains a dead letter or a failed delivery.
 	HdrReason = "Fleet-Reason"
 	// HdrTraceParent is the W3C trace context header, kept lower case.
@@ -42,6 +46,9 @@ const (
 	KindQueue    = "queue"
 	KindCommand  = "command"
 	KindInternal = "internal"
+	// KindSkip marks a mailbox message that stands for an outbox message
+	// with nothing to show (it could not be read): readers pass over it.
+	KindSkip = "skip"
 )
 
 // Partitions is the fixed number of inbox partitions. It never changes: the

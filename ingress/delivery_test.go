@@ -67,12 +67,15 @@ func (b *testBundle) mailbox(t *testing.T, key string) []session.Reply {
 		if err != nil {
 			t.Fatal(err)
 		}
+		seq = m.Sequence + 1
+		if m.Header.Get("Fleet-Kind") == "skip" {
+			continue // a marker for an unreadable reply
+		}
 		var rep session.Reply
 		if err := json.Unmarshal(m.Data, &rep); err != nil {
 			t.Fatal(err)
 		}
 		out = append(out, rep)
-		seq = m.Sequence + 1
 	}
 }
 
@@ -183,7 +186,7 @@ func TestDeliveryConsumerConfig(t *testing.T) {
 	}
 	c := info.Config
 	if c.AckPolicy != jetstream.AckExplicitPolicy || c.AckWait != 30*time.Second || c.MaxDeliver != -1 ||
-		c.MaxAckPending != 1 || c.FilterSubject != "fleet.out.http.>" || c.Durable != "deliver_http" {
+		c.MaxAckPending != ingress.DeliveryMaxAckPending || c.FilterSubject != "fleet.out.http.>" || c.Durable != "deliver_http" {
 		t.Fatalf("consumer config %+v", c)
 	}
 }
@@ -256,9 +259,10 @@ func TestDeliveryTerminatesPoison(t *testing.T) {
 
 // TestDeliveryGivesUpOnOversizeReply: a reply whose mailbox copy (with its
 // extra headers) is larger than the server takes can never be delivered;
-// it is terminated and reported on the events stream instead of holding up
-// every later reply of the platform, and the poison and decode failures
-// are reported the same way.
+// the user gets a notice in its place (issue 12: it used to vanish), it is
+// terminated and reported on the events stream instead of holding up the
+// lane's later replies, and the poison and decode failures are reported
+// the same way.
 func TestDeliveryGivesUpOnOversizeReply(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{delivery: true})
@@ -282,7 +286,11 @@ func TestDeliveryGivesUpOnOversizeReply(t *testing.T) {
 	r := testReply(2, "after the oversize reply")
 	b.publishReply(t, r, r.ID)
 	b.waitDelivered(t)
-	wantTexts(t, b.mailbox(t, testKey), "after the oversize reply")
+	box := b.mailbox(t, testKey)
+	if len(box) != 2 || box[0].Kind != session.ReplyKindNotice || box[0].ID != big.ID || box[0].TurnID != big.TurnID ||
+		!strings.Contains(box[0].Text, "too large") || box[1].Text != "after the oversize reply" {
+		t.Fatalf("mailbox %+v, want the notice standing for the oversize reply, then the next reply", box)
+	}
 
 	var got []map[string]any
 	for len(got) < 2 {

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
 )
 
@@ -386,6 +387,9 @@ func (b *mailbox) view(m jetstream.Msg) (replyView, bool) {
 	if err != nil {
 		b.s.log.Warn("mailbox message without metadata", slog.String("lane", b.lane), slog.Any("error", err))
 		return replyView{}, false
+	}
+	if m.Headers().Get(broker.HdrKind) == broker.KindSkip {
+		return replyView{}, false // stands for an unreadable reply
 	}
 	var rep session.Reply
 	if err := json.Unmarshal(m.Data(), &rep); err != nil {

@@ -40,6 +40,7 @@ type config struct {
 	syncAlways bool
 	serverName string
 	user, pass string
+	modify     func(*server.Options)
 }
 
 func newConfig(opts []Option) *config {
@@ -81,6 +82,13 @@ func WithUser(user, password string) Option {
 	return func(c *config) { c.user, c.pass = user, password }
 }
 
+// WithServerOptions lets a test change the options of a standalone server
+// (accounts, users and their permissions, limits) each time it starts.
+// RunCluster ignores it.
+func WithServerOptions(modify func(*server.Options)) Option {
+	return func(c *config) { c.modify = modify }
+}
+
 // Server is an in-process nats-server with JetStream. The embedded *server.Server
 // is the running instance; Restart replaces it.
 type Server struct {
@@ -93,6 +101,7 @@ type Server struct {
 	port       int // client port; -1 until the first start resolves it
 	syncAlways bool
 	user, pass string
+	modify     func(*server.Options)
 
 	// Cluster settings; zero for a standalone server.
 	clusterName string
@@ -114,6 +123,7 @@ func RunServer(t testing.TB, opts ...Option) *Server {
 		syncAlways: cfg.syncAlways,
 		user:       cfg.user,
 		pass:       cfg.pass,
+		modify:     cfg.modify,
 	}
 	if s.StoreDir == "" {
 		s.StoreDir = t.TempDir()
@@ -150,6 +160,9 @@ func (s *Server) options() *server.Options {
 	if s.clusterName != "" {
 		o.Cluster = server.ClusterOpts{Name: s.clusterName, Host: host, Port: s.routePort}
 		o.Routes = s.routes
+	}
+	if s.modify != nil {
+		s.modify(o)
 	}
 	return o
 }
