@@ -161,6 +161,21 @@ func (n Names) BoxSubject(platform, lane string) string {
 // BoxWildcard matches every mailbox subject.
 func (n Names) BoxWildcard() string { return n.prefix + ".box.>" }
 
+// BoxHintSubject carries the headers of each message stored in a lane's
+// mailbox (its stream seq in Nats-Sequence), republished by the server once
+// stored: reply readers wait on it instead of holding a consumer each.
+func (n Names) BoxHintSubject(platform, lane string) string {
+	return n.prefix + ".boxhint." + platform + "." + lane
+}
+
+// BoxHintPlatformFilter matches the mailbox hints of every lane of platform.
+func (n Names) BoxHintPlatformFilter(platform string) string {
+	return n.prefix + ".boxhint." + platform + ".>"
+}
+
+// BoxHintWildcard matches every mailbox hint.
+func (n Names) BoxHintWildcard() string { return n.prefix + ".boxhint.>" }
+
 // OutboxWildcard matches every reply subject.
 func (n Names) OutboxWildcard() string { return n.prefix + ".out.>" }
 

@@ -165,6 +165,9 @@ func provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) 
 		Replicas:    replicas(n.OutboxStream()),
 		Duplicates:  c.Duplicates,
 		AllowDirect: true,
+		// Hints for reply readers, sent once a mailbox message is stored:
+		// headers only (the stream seq), readers fetch it by direct get.
+		RePublish: &jetstream.RePublish{Source: n.BoxWildcard(), Destination: n.BoxHintWildcard(), HeadersOnly: true},
 	}); err != nil {
 		return nil, err
 	}

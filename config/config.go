@@ -566,6 +566,13 @@ type HTTPConfig struct {
 	//
 	// Defaults to 1048576 (1 MiB).
 	MaxBodyBytes int `yaml:"max_body_bytes" json:"max_body_bytes"`
+
+	// MaxReadersPerClient bounds the reply readers (long polls of /replies,
+	// /events streams) one client (bearer token, else IP address) holds
+	// open at once; past it the server answers 429. At least 1.
+	//
+	// Defaults to 256.
+	MaxReadersPerClient int `yaml:"max_readers_per_client" json:"max_readers_per_client"`
 }
 
 // DeliveryConfig configures outbound reply delivery.
@@ -640,6 +647,8 @@ func Default() Config {
 		HTTP: HTTPConfig{
 			Addr:         DefaultHTTPAddr,
 			MaxBodyBytes: 1 << 20,
+
+			MaxReadersPerClient: 256,
 		},
 		Delivery: DeliveryConfig{
 			Backoff: Duration(100 * time.Millisecond),

@@ -47,7 +47,11 @@
 //
 // A reply's seq is its sequence in the outbox stream: a client passes the
 // last seq it has seen as after (or as Last-Event-ID) and never misses or
-// repeats one.
+// repeats one. Readers hold no consumer: one subscription per process to
+// the mailbox hints (<prefix>.boxhint.http.<lane>, republished by the
+// server once a mailbox message is stored) wakes them, and they read by
+// direct get. A client (bearer token, else IP address) may hold at most
+// Config.MaxReadersPerClient readers open; one more is answered 429.
 //
 // # Wiring
 //

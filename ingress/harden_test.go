@@ -1,6 +1,8 @@
 package ingress_test
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -75,4 +77,40 @@ func TestPostFieldsAreBounded(t *testing.T) {
 	// At the bounds, accepted.
 	r := b.post(t, `{"chat_id":"`+long(256)+`","chat_name":"`+long(1024)+`","user_name":"`+long(1024)+`","text":"hi"}`)
 	wantStatus(t, r, http.StatusAccepted)
+}
+
+// TestReadersBoundedPerClient: past Config.MaxReadersPerClient open long
+// polls and event streams, a client's next reader is answered 429; a
+// reader that ends frees its place.
+func TestReadersBoundedPerClient(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{maxReaders: 2})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first := b.openEvents(t, ctx, "", "")
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	second := b.openEvents(t, ctx2, "", "")
+	_ = first
+	waitFor(t, "two readers", func() error {
+		if n := b.server.Readers(); n != 2 {
+			return fmt.Errorf("%d readers", n)
+		}
+		return nil
+	})
+	r := b.do(t, http.MethodGet, "/v1/sessions/"+testKey+"/replies?wait=10s", "", nil)
+	wantError(t, r, http.StatusTooManyRequests, "too many open reply readers")
+	if r.header.Get("Retry-After") == "" {
+		t.Fatal("429 without Retry-After")
+	}
+	cancel2()
+	for range second {
+	}
+	waitFor(t, "one reader", func() error {
+		if n := b.server.Readers(); n != 1 {
+			return fmt.Errorf("%d readers", n)
+		}
+		return nil
+	})
+	wantStatus(t, b.do(t, http.MethodGet, "/v1/sessions/"+testKey+"/replies?wait=10ms", "", nil), http.StatusOK)
 }

@@ -3,7 +3,6 @@ package ingress
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -19,18 +18,9 @@ import (
 	"github.com/agentfleet/agentfleet/session"
 )
 
-const (
-	// maxRepliesPerResponse caps the replies of one /replies answer; a client
-	// asks again with the last seq it got.
-	maxRepliesPerResponse = 100
-	// mailboxInactiveThreshold lets the server remove a mailbox reader whose
-	// process died; a live reader deletes its consumer when it is done.
-	mailboxInactiveThreshold = 2 * time.Minute
-	// mailboxResetAttempts bounds how often a reader recreates its ordered
-	// consumer after a NATS hiccup before the request fails (503, or the end
-	// of an event stream the client then resumes with Last-Event-ID).
-	mailboxResetAttempts = 3
-)
+// maxRepliesPerResponse caps the replies of one /replies answer; a client
+// asks again with the last seq it got.
+const maxRepliesPerResponse = 100
 
 // replyView is one reply as the HTTP API shows it. Seq is the sequence of
 // the reply in the lane's mailbox (the outbox stream).
@@ -69,14 +59,22 @@ func (s *Server) handleReplies(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.streamContext(r)
 	defer cancel()
-
-	box, err := s.openMailbox(r, lane, after)
-	if err != nil {
-		s.writeError(w, r, unavailable("cannot read the replies; retry", err))
+	release, e := s.admitReader(r)
+	if e != nil {
+		s.writeError(w, r, e)
 		return
 	}
-	defer box.close()
-	replies, err := box.collect(ctx, wait, s.cfg.PublishTimeout)
+	defer release()
+
+	subject := s.names.BoxSubject(string(session.PlatformHTTP), lane)
+	// Watch before the first read: a reply stored in between still wakes us.
+	var wake chan struct{}
+	if wait > 0 {
+		var stop func()
+		wake, stop = s.hub.watch(lane)
+		defer stop()
+	}
+	replies, err := s.collect(ctx, subject, after, wait, wake)
 	if err != nil {
 		s.writeError(w, r, unavailable("cannot read the replies; retry", err))
 		return
@@ -84,6 +82,37 @@ func (s *Server) handleReplies(w http.ResponseWriter, r *http.Request) {
 	s.log.LogAttrs(r.Context(), slog.LevelDebug, "replies served",
 		slog.String("session_key", key), slog.Uint64("after", after), slog.Int("count", len(replies)))
 	writeJSON(w, http.StatusOK, repliesResponse{Replies: replies})
+}
+
+// collect returns the replies after seq after that are there (at most
+// maxRepliesPerResponse), or when there are none, waits up to wait for the
+// mailbox to grow (wake) and returns what came. A wait that elapses, or a
+// ctx that ends, gives an empty list.
+func (s *Server) collect(ctx context.Context, subject string, after uint64, wait time.Duration, wake <-chan struct{}) ([]replyView, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		octx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
+		out, last, err := s.readMailbox(octx, subject, after, maxRepliesPerResponse)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return make([]replyView, 0), nil
+			}
+			return nil, err
+		}
+		after = last // markers passed over need not be read again
+		left := time.Until(deadline)
+		if len(out) > 0 || wait <= 0 || left <= 0 || ctx.Err() != nil {
+			return out, nil
+		}
+		t := time.NewTimer(left)
+		select {
+		case <-wake:
+		case <-t.C: // one last read above: a hint may have been lost
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 }
 
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
@@ -107,13 +136,15 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.streamContext(r)
 	defer cancel()
-
-	box, err := s.openMailbox(r, lane, after)
-	if err != nil {
-		s.writeError(w, r, unavailable("cannot read the replies; retry", err))
+	release, e := s.admitReader(r)
+	if e != nil {
+		s.writeError(w, r, e)
 		return
 	}
-	defer box.close()
+	defer release()
+	subject := s.names.BoxSubject(string(session.PlatformHTTP), lane)
+	wake, stop := s.hub.watch(lane)
+	defer stop()
 
 	rc := http.NewResponseController(w)
 	// The stream lasts as long as the client wants, but each write must get
@@ -156,15 +187,50 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		defer stopDeltas()
 	}
 
+	heartbeat := time.NewTicker(s.cfg.EventsHeartbeat)
+	defer heartbeat.Stop()
 	for {
-		hctx, hcancel := context.WithTimeout(ctx, s.cfg.EventsHeartbeat)
-		m, err := box.it.Next(jetstream.NextContext(hctx))
-		hcancel()
+		octx, ocancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
+		replies, last, err := s.readMailbox(octx, subject, after, maxRepliesPerResponse)
+		ocancel()
 		switch {
 		case err == nil:
 		case ctx.Err() != nil:
 			return // the client went away, or Close
-		case hctx.Err() != nil:
+		default:
+			// The client resumes from its Last-Event-ID.
+			log.LogAttrs(ctx, slog.LevelWarn, "event stream ended by a read error", slog.Any("error", err))
+			return
+		}
+		after = last
+		wmu.Lock()
+		var werr error
+		for _, v := range replies {
+			data, err := json.Marshal(v)
+			if err != nil {
+				continue
+			}
+			writeDeadline()
+			if _, werr = fmt.Fprintf(w, "id: %d\nevent: reply\ndata: %s\n\n", v.Seq, data); werr != nil {
+				break
+			}
+		}
+		if werr == nil && len(replies) > 0 {
+			werr = rc.Flush()
+		}
+		wmu.Unlock()
+		if werr != nil {
+			return
+		}
+		if len(replies) > 0 {
+			if len(replies) == maxRepliesPerResponse {
+				continue // more may be there already
+			}
+		}
+		select {
+		case <-wake:
+		case <-heartbeat.C:
+			// Also a read: a hint lost to a reconnect costs one heartbeat.
 			wmu.Lock()
 			writeDeadline()
 			_, err := fmt.Fprint(w, ": heartbeat\n\n")
@@ -175,28 +241,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 			if err != nil {
 				return
 			}
-			continue
-		default:
-			// The client resumes from its Last-Event-ID.
-			log.LogAttrs(ctx, slog.LevelWarn, "event stream ended by a read error", slog.Any("error", err))
-			return
-		}
-		v, ok := box.view(m)
-		if !ok {
-			continue
-		}
-		data, err := json.Marshal(v)
-		if err != nil {
-			continue
-		}
-		wmu.Lock()
-		writeDeadline()
-		_, err = fmt.Fprintf(w, "id: %d\nevent: reply\ndata: %s\n\n", v.Seq, data)
-		if err == nil {
-			err = rc.Flush()
-		}
-		wmu.Unlock()
-		if err != nil {
+		case <-ctx.Done():
 			return
 		}
 	}
@@ -287,141 +332,23 @@ func parseWait(v string) (time.Duration, *apiError) {
 	return min(d, MaxWait), nil
 }
 
-// mailbox reads a lane's mailbox from a seq on, in order, through an
-// ordered consumer. The consumer's pull requests are what a long poll
-// waits on: the server hands a new reply over the moment it is stored.
-type mailbox struct {
-	s    *Server
-	cons jetstream.Consumer
-	it   jetstream.MessagesContext
-	// pending is the number of replies after the start seq when the reader
-	// was created.
-	pending uint64
-	lane    string
-}
-
-func (s *Server) openMailbox(r *http.Request, lane string, after uint64) (*mailbox, error) {
-	ctx, cancel := s.opContext(r)
-	defer cancel()
-	subject := s.names.BoxSubject(string(session.PlatformHTTP), lane)
-	cons, err := s.js.OrderedConsumer(ctx, s.names.OutboxStream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{subject},
-		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:       after + 1,
-		InactiveThreshold: mailboxInactiveThreshold,
-		MaxResetAttempts:  mailboxResetAttempts,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("open mailbox %s: %w", subject, err)
-	}
-	b := &mailbox{s: s, cons: cons, lane: lane}
-	if info := cons.CachedInfo(); info != nil {
-		b.pending = info.NumPending
-	}
-	b.it, err = cons.Messages(jetstream.PullMaxMessages(maxRepliesPerResponse))
-	if err != nil {
-		b.deleteConsumer()
-		return nil, fmt.Errorf("read mailbox %s: %w", subject, err)
-	}
-	return b, nil
-}
-
-// collect returns the replies that are there (up to maxRepliesPerResponse),
-// or when there are none, waits up to wait for the first one and returns it
-// with any that came along. A wait that elapses, or a ctx that ends, gives
-// an empty list.
-func (b *mailbox) collect(ctx context.Context, wait, opTimeout time.Duration) ([]replyView, error) {
-	out := make([]replyView, 0)
-	pending := b.pending
-	if pending == 0 {
-		if wait <= 0 {
-			return out, nil
-		}
-		wctx, cancel := context.WithTimeout(ctx, wait)
-		m, err := b.it.Next(jetstream.NextContext(wctx))
-		cancel()
-		if err != nil {
-			if wctx.Err() != nil {
-				return out, nil
-			}
-			return nil, err
-		}
-		if pending, err = numPending(m); err != nil {
-			return nil, err
-		}
-		if v, ok := b.view(m); ok {
-			out = append(out, v)
-		}
-	}
-	for pending > 0 && len(out) < maxRepliesPerResponse {
-		nctx, cancel := context.WithTimeout(ctx, opTimeout)
-		m, err := b.it.Next(jetstream.NextContext(nctx))
-		cancel()
-		if err != nil {
-			if len(out) > 0 {
-				break // answer what we have; the client asks for the rest
-			}
-			return nil, err
-		}
-		if pending, err = numPending(m); err != nil {
-			return nil, err
-		}
-		if v, ok := b.view(m); ok {
-			out = append(out, v)
-		}
-	}
-	return out, nil
-}
-
-func numPending(m jetstream.Msg) (uint64, error) {
-	meta, err := m.Metadata()
-	if err != nil {
-		return 0, fmt.Errorf("mailbox message metadata: %w", err)
-	}
-	return meta.NumPending, nil
-}
-
-// view decodes a mailbox message; an unreadable one is logged and skipped.
-func (b *mailbox) view(m jetstream.Msg) (replyView, bool) {
-	meta, err := m.Metadata()
-	if err != nil {
-		b.s.log.Warn("mailbox message without metadata", slog.String("lane", b.lane), slog.Any("error", err))
-		return replyView{}, false
-	}
-	if m.Headers().Get(broker.HdrKind) == broker.KindSkip {
+// view decodes a mailbox message; a marker is passed over, an unreadable
+// one logged and skipped.
+func (s *Server) view(m *jetstream.RawStreamMsg) (replyView, bool) {
+	if m.Header.Get(broker.HdrKind) == broker.KindSkip {
 		return replyView{}, false // stands for an unreadable reply
 	}
 	var rep session.Reply
-	if err := json.Unmarshal(m.Data(), &rep); err != nil {
-		b.s.log.Warn("skipping unreadable mailbox message", slog.String("lane", b.lane),
-			slog.Uint64("seq", meta.Sequence.Stream), slog.Any("error", err))
+	if err := json.Unmarshal(m.Data, &rep); err != nil {
+		s.log.Warn("skipping unreadable mailbox message", slog.String("subject", m.Subject),
+			slog.Uint64("seq", m.Sequence), slog.Any("error", err))
 		return replyView{}, false
 	}
 	return replyView{
-		Seq:       meta.Sequence.Stream,
+		Seq:       m.Sequence,
 		TurnID:    rep.TurnID,
 		SessionID: rep.SessionID,
 		Text:      rep.Text,
 		Kind:      rep.Kind,
 	}, true
-}
-
-// close stops the reader and removes its consumer from the server.
-func (b *mailbox) close() {
-	b.it.Stop()
-	b.deleteConsumer()
-}
-
-func (b *mailbox) deleteConsumer() {
-	info := b.cons.CachedInfo()
-	if info == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), b.s.cfg.PublishTimeout)
-	defer cancel()
-	err := b.s.js.DeleteConsumer(ctx, b.s.names.OutboxStream(), info.Name)
-	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		// The server removes it after mailboxInactiveThreshold anyway.
-		b.s.log.Debug("cannot delete mailbox reader", slog.String("consumer", info.Name), slog.Any("error", err))
-	}
 }

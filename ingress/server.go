@@ -4,11 +4,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,6 +28,9 @@ const (
 	DefaultMaxBodyBytes    int64 = 1 << 20
 	DefaultPublishTimeout        = 5 * time.Second
 	DefaultEventsHeartbeat       = 15 * time.Second
+	// DefaultMaxReadersPerClient bounds the long polls and event streams
+	// one client holds open at once.
+	DefaultMaxReadersPerClient = 256
 )
 
 // BodyReadTimeout bounds the reading of a request body.
@@ -58,6 +64,11 @@ type Config struct {
 	// EventsHeartbeat is the interval of the comment lines that keep an idle
 	// event stream open through proxies. Defaults to 15s.
 	EventsHeartbeat time.Duration
+	// MaxReadersPerClient bounds the reply readers (long polls of
+	// /replies with a wait, /events streams) one client holds open at
+	// once; one more is answered 429. A client is its bearer token when
+	// it sends one, else its IP address. Defaults to 256.
+	MaxReadersPerClient int
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -89,6 +100,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.EventsHeartbeat == 0 {
 		c.EventsHeartbeat = DefaultEventsHeartbeat
 	}
+	if c.MaxReadersPerClient < 0 {
+		return c, fmt.Errorf("%w: MaxReadersPerClient %d is negative", ErrInvalidConfig, c.MaxReadersPerClient)
+	}
+	if c.MaxReadersPerClient == 0 {
+		c.MaxReadersPerClient = DefaultMaxReadersPerClient
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -109,6 +126,11 @@ type Server struct {
 
 	ready   atomic.Pointer[func() error]
 	handler http.Handler
+
+	// hub wakes reply readers; readers counts them per client.
+	hub       *mailboxHub
+	readersMu sync.Mutex
+	readers   map[string]int
 
 	// closed ends long polls and event streams (Close).
 	closed    context.Context
@@ -136,6 +158,14 @@ func New(js jetstream.JetStream, res *broker.Resources, cfg Config) (*Server, er
 		msgIDs: kv.NewMsgIDs(res),
 	}
 	s.tokenSum = sha256.Sum256([]byte(cfg.Token))
+	nc := js.Conn()
+	if nc == nil {
+		return nil, fmt.Errorf("%w: JetStream has no connection", ErrInvalidConfig)
+	}
+	if s.hub, err = newMailboxHub(nc, cfg.Names); err != nil {
+		return nil, err
+	}
+	s.readers = map[string]int{}
 	s.closed, s.closeFunc = context.WithCancel(context.Background())
 	s.handler = s.routes()
 	return s, nil
@@ -190,9 +220,60 @@ func (s *Server) SetReady(ready func() error) {
 }
 
 // Close ends every long poll (with an empty answer) and event stream in
-// progress, so that http.Server.Shutdown does not wait for them. New ones
-// end at once. Close is idempotent; the handler keeps serving other routes.
-func (s *Server) Close() { s.closeFunc() }
+// progress, so that http.Server.Shutdown does not wait for them, and drops
+// the subscription that wakes them. New ones end at once. Close is
+// idempotent; the handler keeps serving other routes.
+func (s *Server) Close() {
+	s.closeFunc()
+	s.hub.close()
+}
+
+// admitReader counts a reply reader against its client's bound: a 429
+// past it. release must be called when the reader is done.
+func (s *Server) admitReader(r *http.Request) (release func(), e *apiError) {
+	client := clientOf(r)
+	s.readersMu.Lock()
+	defer s.readersMu.Unlock()
+	if s.readers[client] >= s.cfg.MaxReadersPerClient {
+		e := errorf(http.StatusTooManyRequests, "too many open reply readers for this client (at most %d long polls and event streams at once)", s.cfg.MaxReadersPerClient)
+		e.header = http.Header{"Retry-After": {"1"}}
+		return nil, e
+	}
+	s.readers[client]++
+	return func() {
+		s.readersMu.Lock()
+		defer s.readersMu.Unlock()
+		if s.readers[client]--; s.readers[client] <= 0 {
+			delete(s.readers, client)
+		}
+	}, nil
+}
+
+// Readers returns the number of reply readers (long polls with a wait,
+// event streams) open now.
+func (s *Server) Readers() int {
+	s.readersMu.Lock()
+	defer s.readersMu.Unlock()
+	n := 0
+	for _, c := range s.readers {
+		n += c
+	}
+	return n
+}
+
+// clientOf names the client of a request for the reader bound: its bearer
+// token (hashed) when it sends one, else its IP address.
+func clientOf(r *http.Request) string {
+	if auth := r.Header.Get("Authorization"); auth != "" {
+		sum := sha256.Sum256([]byte(strings.TrimSpace(auth)))
+		return "token:" + hex.EncodeToString(sum[:8])
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	return "ip:" + host
+}
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()

@@ -43,6 +43,8 @@ type setupOpts struct {
 	heartbeat time.Duration
 	// logs records the logs; nil makes a fresh one.
 	logs *logRecorder
+	// maxReaders is Config.MaxReadersPerClient; 0 keeps the default.
+	maxReaders int
 }
 
 func setup(t *testing.T, o setupOpts) *testBundle {
@@ -67,6 +69,8 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 		MaxBodyBytes:    o.maxBody,
 		EventsHeartbeat: o.heartbeat,
 		Logger:          o.logs.logger(t),
+
+		MaxReadersPerClient: o.maxReaders,
 	})
 	if err != nil {
 		t.Fatalf("ingress.New: %v", err)

@@ -190,7 +190,7 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 		keys.WhatsApp = session.NewWhatsAppResolver(rt.cfg.WhatsApp.MappingDir)
 	}
 	srv, err := ingress.New(js, res, ingress.Config{Names: rt.names, KeyOptions: keys, Token: rt.cfg.HTTP.Token,
-		MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), Logger: rt.log})
+		MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), MaxReadersPerClient: rt.cfg.HTTP.MaxReadersPerClient, Logger: rt.log})
 	if err != nil {
 		return nil, err
 	}
