@@ -108,7 +108,7 @@ func eventsCommand() *cli.Command {
 						fmt.Fprintln(c.App.Writer, "SEQ  AT  KIND  LANE  EVENT")
 						header = false
 					}
-					fmt.Fprintf(c.App.Writer, "%d  %s  %s  %s  %s\n", d.Seq, d.At.UTC().Format(time.RFC3339), d.Kind, d.Lane, d.Event)
+					fmt.Fprintf(c.App.Writer, "%d  %s  %s  %s  %s\n", d.Seq, d.At.UTC().Format(time.RFC3339), safe(d.Kind), safe(d.Lane), safe(fmt.Sprint(d.Event)))
 				}
 				return nil
 			},

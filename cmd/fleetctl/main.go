@@ -409,7 +409,7 @@ func transcriptCommand() *cli.Command {
 				if e.Deleted {
 					del = " (rewound)"
 				}
-				fmt.Fprintf(c.App.Writer, "%6d  %s  %-9s %s%s\n", e.Seq, e.Timestamp.Format("15:04:05"), who, text, del)
+				fmt.Fprintf(c.App.Writer, "%6d  %s  %-9s %s%s\n", e.Seq, e.Timestamp.Format("15:04:05"), safe(who), safe(text), del)
 			}
 			return nil
 		},

@@ -17,6 +17,7 @@ import (
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/test/natstest"
+	"github.com/agentfleet/agentfleet/transcript"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -220,5 +221,68 @@ func TestWorkerLsShowsOwner(t *testing.T) {
 	}
 	if !strings.Contains(out, "WORKER") || !strings.Contains(out, "host-42/0a1b2c3d ") {
 		t.Fatalf("worker ls does not show the owner id:\n%s", out)
+	}
+}
+
+// TestHumanOutputEscapesTerminalControls is issue 12's fleetctl defect: a
+// user's text with an escape sequence, a carriage return or a bidi
+// override reached the operator's terminal raw. Human output escapes them;
+// --json stays exact.
+func TestHumanOutputEscapesTerminalControls(t *testing.T) {
+	srv := natstest.RunServer(t)
+	js := natstest.JetStream(t, srv.Connect(t))
+	names := broker.MustNames("fleet")
+	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const evil = "hi\x1b[2J\rroot\u202eexe.txt\n9 fake line"
+	sid := "20260101_000000_abcdef01"
+	log, err := transcript.New(js, names, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := log.Append(t.Context(), sid, 0, &transcript.Entry{ID: "e1", Kind: transcript.KindMessage, Role: "user", Content: evil}); err != nil {
+		t.Fatal(err)
+	}
+	src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: "c1", ChatType: session.ChatDM}
+	key := session.BuildSessionKey(src, session.DefaultKeyOptions())
+	lane := session.LaneToken(key)
+	store := kv.NewStore(res, nil)
+	if _, _, err := store.Mutate(t.Context(), lane, nil, 0, nil, func(*session.SessionEntry) (*session.SessionEntry, error) {
+		return &session.SessionEntry{SessionKey: key, SessionID: sid, Owner: "w\x1b]0;pwned\x07", ResumeReason: "x\u2066y"}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Index(t.Context(), sid, kv.IndexRecord{Lane: lane, SessionKey: key}); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NATS_URL", srv.URL())
+	for _, args := range [][]string{{"transcript", sid}, {"session", "info", key}, {"session", "ls"}} {
+		out, err := runCtl(t, args...)
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		for _, bad := range []string{"\x1b", "\r", "\u202e", "\u2066", "\x07", "\n9 fake"} {
+			if strings.Contains(out, bad) {
+				t.Errorf("%v prints %q raw:\n%s", args, bad, out)
+			}
+		}
+	}
+	out, _ := runCtl(t, "transcript", sid)
+	if !strings.Contains(out, `hi\x1b[2J\rroot\u202eexe.txt\n9 fake line`) {
+		t.Errorf("transcript text not shown escaped:\n%s", out)
+	}
+	out, err = runCtl(t, "transcript", "--json", sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Entries []struct {
+			Content string `json:"content"`
+		} `json:"entries"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil || len(doc.Entries) != 1 || doc.Entries[0].Content != evil {
+		t.Fatalf("--json is not exact: %v %+v", err, doc)
 	}
 }

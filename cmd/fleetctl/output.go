@@ -43,7 +43,18 @@ func newTable(header ...any) *tbl {
 	return &tbl{t: t}
 }
 
-func (t *tbl) row(cells ...any) { t.t.AppendRow(table.Row(cells)) }
+// row appends a row; every cell is shown through safe (users' text never
+// reaches the terminal raw).
+func (t *tbl) row(cells ...any) {
+	r := make(table.Row, len(cells))
+	for i, c := range cells {
+		if str, ok := c.(string); ok {
+			c = safe(str)
+		}
+		r[i] = c
+	}
+	t.t.AppendRow(r)
+}
 
 // print writes the table without trailing spaces (stable output for
 // scripts and golden tests).
