@@ -103,6 +103,13 @@ func (n Names) TranscriptStream() string { return n.upper + "_TX" }
 // OutboxStream holds replies and notices to deliver to platforms.
 func (n Names) OutboxStream() string { return n.upper + "_OUT" }
 
+// ProbeStream holds one message, rewritten by readiness checks to learn
+// whether the store still takes writes.
+func (n Names) ProbeStream() string { return n.upper + "_PROBE" }
+
+// ProbeSubject is the subject of ProbeStream.
+func (n Names) ProbeSubject() string { return n.prefix + ".probe" }
+
 // EventStream holds lifecycle events and dead letters.
 func (n Names) EventStream() string { return n.upper + "_EV" }
 

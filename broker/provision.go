@@ -77,7 +77,9 @@ type Resources struct {
 	Transcripts jetstream.Stream
 	Outbox      jetstream.Stream
 	Events      jetstream.Stream
-	InboxID     string
+	// Probe is the one-message stream readiness checks write to.
+	Probe   jetstream.Stream
+	InboxID string
 	Sessions    jetstream.KeyValue
 	SessionIDs  jetstream.KeyValue
 	Leases      jetstream.KeyValue
@@ -181,6 +183,19 @@ func provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) 
 		MaxAge:      c.EventMaxAge,
 		Duplicates:  2 * time.Minute,
 		AllowDirect: true,
+	}); err != nil {
+		return nil, err
+	}
+
+	if r.Probe, err = ensureStream(ctx, js, jetstream.StreamConfig{
+		Name:        n.ProbeStream(),
+		Description: "agentfleet readiness probe: one message, rewritten to learn whether the store takes writes",
+		Subjects:    []string{n.ProbeSubject()},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas(n.ProbeStream()),
+		MaxMsgs:     1,
+		Discard:     jetstream.DiscardOld,
 	}); err != nil {
 		return nil, err
 	}

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
 )
 
 // TestPostIdentitiesNeverShareASession: ids holding ':' and ids a decoder
@@ -113,4 +115,34 @@ func TestReadersBoundedPerClient(t *testing.T) {
 		return nil
 	})
 	wantStatus(t, b.do(t, http.MethodGet, "/v1/sessions/"+testKey+"/replies?wait=10ms", "", nil), http.StatusOK)
+}
+
+// TestReadyzFalseWhenStoreFull: /readyz said ready while every POST got
+// 503 because the store was full. It now probes whether the store takes a
+// write.
+func TestReadyzFalseWhenStoreFull(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{serverOpts: func(o *server.Options) { o.JetStreamMaxStore = 4 << 20 }})
+	wantStatus(t, b.do(t, http.MethodGet, "/readyz", "", nil), http.StatusOK)
+	text := strings.Repeat("x", 200<<10)
+	for i := 0; ; i++ {
+		r := b.post(t, fmt.Sprintf(`{"chat_id":"fill%d","text":"%s"}`, i, text))
+		if r.status == http.StatusServiceUnavailable {
+			break
+		}
+		wantStatus(t, r, http.StatusAccepted)
+		if i > 100 {
+			t.Fatal("the store never filled")
+		}
+	}
+	waitFor(t, "/readyz to say not ready", func() error {
+		r := b.do(t, http.MethodGet, "/readyz", "", nil)
+		if r.status != http.StatusServiceUnavailable {
+			return fmt.Errorf("status %d %s", r.status, r.raw)
+		}
+		if !strings.Contains(r.raw, "store does not take writes") {
+			t.Fatalf("not ready for another reason: %s", r.raw)
+		}
+		return nil
+	})
 }

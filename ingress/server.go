@@ -127,6 +127,11 @@ type Server struct {
 	ready   atomic.Pointer[func() error]
 	handler http.Handler
 
+	// probeMu guards the last readiness probe of the store.
+	probeMu  sync.Mutex
+	probeAt  time.Time
+	probeErr error
+
 	// hub wakes reply readers; readers counts them per client.
 	hub       *mailboxHub
 	readersMu sync.Mutex
@@ -357,7 +362,34 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if err := s.probeStore(r); err != nil {
+		s.writeError(w, r, &apiError{status: http.StatusServiceUnavailable,
+			msg: "not ready: the store does not take writes (full?), so messages cannot be accepted", err: err})
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// probeEvery is how long a readiness probe's outcome is reused.
+const probeEvery = time.Second
+
+// probeStore writes one message to the probe stream (which keeps only the
+// last), at most once per probeEvery: when the store is full every POST
+// fails, and readiness must say so. Without a probe stream it says nothing.
+func (s *Server) probeStore(r *http.Request) error {
+	if s.res.Probe == nil {
+		return nil
+	}
+	s.probeMu.Lock()
+	defer s.probeMu.Unlock()
+	if time.Since(s.probeAt) < probeEvery {
+		return s.probeErr
+	}
+	ctx, cancel := s.opContext(r)
+	defer cancel()
+	_, err := s.js.Publish(ctx, s.names.ProbeSubject(), nil, jetstream.WithExpectStream(s.names.ProbeStream()))
+	s.probeAt, s.probeErr = time.Now(), err
+	return err
 }
 
 // opContext bounds one NATS operation of a request by PublishTimeout. It is

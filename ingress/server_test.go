@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -45,6 +46,8 @@ type setupOpts struct {
 	logs *logRecorder
 	// maxReaders is Config.MaxReadersPerClient; 0 keeps the default.
 	maxReaders int
+	// serverOpts changes the NATS server's options.
+	serverOpts func(*server.Options)
 }
 
 func setup(t *testing.T, o setupOpts) *testBundle {
@@ -52,7 +55,11 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 	if o.logs == nil {
 		o.logs = &logRecorder{}
 	}
-	ns := natstest.RunServer(t)
+	var nopts []natstest.Option
+	if o.serverOpts != nil {
+		nopts = append(nopts, natstest.WithServerOptions(o.serverOpts))
+	}
+	ns := natstest.RunServer(t, nopts...)
 	nc := ns.Connect(t)
 	js := natstest.JetStream(t, nc)
 	names := broker.MustNames("fleet")
