@@ -78,15 +78,15 @@ type Resources struct {
 	Outbox      jetstream.Stream
 	Events      jetstream.Stream
 	// Probe is the one-message stream readiness checks write to.
-	Probe   jetstream.Stream
-	InboxID string
-	Sessions    jetstream.KeyValue
-	SessionIDs  jetstream.KeyValue
-	Leases      jetstream.KeyValue
-	MsgIDs      jetstream.KeyValue
-	Delivered   jetstream.KeyValue
-	Workers     jetstream.KeyValue
-	Consumer    jetstream.Consumer
+	Probe      jetstream.Stream
+	InboxID    string
+	Sessions   jetstream.KeyValue
+	SessionIDs jetstream.KeyValue
+	Leases     jetstream.KeyValue
+	MsgIDs     jetstream.KeyValue
+	Delivered  jetstream.KeyValue
+	Workers    jetstream.KeyValue
+	Consumer   jetstream.Consumer
 	// Warnings are settings provisioning kept from the existing assets
 	// rather than the ones asked for (see Provision); callers log them.
 	Warnings []string
