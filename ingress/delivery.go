@@ -212,10 +212,11 @@ func (d *Delivery) run(ctx context.Context, it jetstream.MessagesContext) {
 			d.dispatch(ctx, msg)
 			continue
 		}
-		it.Stop()
 		if ctx.Err() != nil {
+			d.handBack(it)
 			return
 		}
+		it.Stop()
 		// The iterator ended (consumer deleted, connection closed): make the
 		// consumer again and carry on from where it stands.
 		d.log.LogAttrs(ctx, slog.LevelWarn, "delivery consumer interrupted; reopening",
@@ -234,6 +235,21 @@ func (d *Delivery) run(ctx context.Context, it jetstream.MessagesContext) {
 			d.log.LogAttrs(ctx, slog.LevelWarn, "cannot reopen the delivery consumer",
 				slog.Any("error", err), slog.Duration("retry_in", backoff))
 		}
+	}
+}
+
+// handBack stops pulling and NAKs the replies the iterator had already
+// pulled, so another process delivers them at once rather than after
+// their AckWait. A pull still in flight is not waited for beyond a moment.
+func (d *Delivery) handBack(it jetstream.MessagesContext) {
+	it.Drain()
+	for {
+		m, err := it.Next(jetstream.NextMaxWait(200 * time.Millisecond))
+		if err != nil {
+			it.Stop()
+			return
+		}
+		_ = m.Nak()
 	}
 }
 
