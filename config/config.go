@@ -177,6 +177,103 @@ type PlatformConfig struct {
 	//
 	// Defaults to no overrides.
 	SessionResetByChatType map[string]ResetOverride `yaml:"session_reset_by_chat_type,omitempty" json:"session_reset_by_chat_type,omitempty"`
+
+	// Token is the Telegram bot token (telegram only). Secret. Setting it
+	// turns the Telegram adapter on.
+	//
+	// Defaults to "".
+	Token string `yaml:"token,omitempty" json:"token,omitempty"`
+
+	// WebhookSecret is the secret_token Telegram sends with every webhook
+	// request (telegram only). Secret. Required in webhook mode.
+	//
+	// Defaults to "".
+	WebhookSecret string `yaml:"webhook_secret,omitempty" json:"webhook_secret,omitempty"`
+
+	// Mode is how Telegram updates arrive: webhook or poll (telegram only).
+	//
+	// Defaults to "webhook".
+	Mode string `yaml:"mode,omitempty" json:"mode,omitempty"`
+
+	// APIBase is the base URL of the platform's API (telegram, slack).
+	//
+	// Defaults to the platform's public API.
+	APIBase string `yaml:"api_base,omitempty" json:"api_base,omitempty"`
+
+	// SigningSecret verifies Slack's request signatures (slack only). Secret.
+	//
+	// Defaults to "".
+	SigningSecret string `yaml:"signing_secret,omitempty" json:"signing_secret,omitempty"`
+
+	// BotToken is the Slack bot token, xoxb-... (slack only). Secret.
+	//
+	// Defaults to "".
+	BotToken string `yaml:"bot_token,omitempty" json:"bot_token,omitempty"`
+
+	// RequireMention makes channel messages reach the agent only when they
+	// mention the app (slack only); DMs and threads the app is in never need
+	// one.
+	//
+	// Defaults to true.
+	RequireMention *bool `yaml:"require_mention,omitempty" json:"require_mention,omitempty"`
+}
+
+// Platform API defaults.
+const (
+	DefaultTelegramAPIBase = "https://api.telegram.org"
+	DefaultSlackAPIBase    = "https://slack.com/api/"
+	TelegramModeWebhook    = "webhook"
+	TelegramModePoll       = "poll"
+)
+
+// TelegramSettings are the effective Telegram settings (defaults applied).
+type TelegramSettings struct {
+	Token, WebhookSecret, Mode, APIBase string
+}
+
+// Telegram returns the Telegram settings; Token empty means the adapter is off.
+func (c Config) Telegram() TelegramSettings {
+	pc := c.Platforms[session.PlatformTelegram]
+	s := TelegramSettings{Token: pc.Token, WebhookSecret: pc.WebhookSecret, Mode: pc.Mode, APIBase: pc.APIBase}
+	if s.Mode == "" {
+		s.Mode = TelegramModeWebhook
+	}
+	if s.APIBase == "" {
+		s.APIBase = DefaultTelegramAPIBase
+	}
+	return s
+}
+
+// SlackSettings are the effective Slack settings (defaults applied).
+type SlackSettings struct {
+	SigningSecret, BotToken, APIBase string
+	RequireMention                   bool
+}
+
+// Slack returns the Slack settings; SigningSecret empty means the adapter is off.
+func (c Config) Slack() SlackSettings {
+	pc := c.Platforms[session.PlatformSlack]
+	s := SlackSettings{SigningSecret: pc.SigningSecret, BotToken: pc.BotToken, APIBase: pc.APIBase, RequireMention: true}
+	if pc.RequireMention != nil {
+		s.RequireMention = *pc.RequireMention
+	}
+	if s.APIBase == "" {
+		s.APIBase = DefaultSlackAPIBase
+	}
+	return s
+}
+
+// ConnectedPlatforms lists the platforms this configuration delivers to:
+// http always, telegram and slack when configured.
+func (c Config) ConnectedPlatforms() []session.Platform {
+	out := []session.Platform{session.PlatformHTTP}
+	if c.Telegram().Token != "" {
+		out = append(out, session.PlatformTelegram)
+	}
+	if c.Slack().SigningSecret != "" {
+		out = append(out, session.PlatformSlack)
+	}
+	return out
 }
 
 // AgentConfig configures the agent backend and turn timing.
@@ -736,8 +833,8 @@ func loadLocation(name string) (*time.Location, error) {
 // redactedValue replaces a secret in Redacted.
 const redactedValue = "[redacted]"
 
-// Redacted returns a copy of c for printing: nats.password, nats.token and
-// http.token, when set, are replaced by "[redacted]" (an unset secret stays
+// Redacted returns a copy of c for printing: nats.password, nats.token,
+// http.token and the platform tokens and secrets, when set, are replaced by "[redacted]" (an unset secret stays
 // empty, so the output still tells whether one is configured).
 func (c Config) Redacted() Config {
 	r := c.clone()
@@ -755,6 +852,14 @@ func (c Config) Redacted() Config {
 			r.Agent.OpenAI.MCPServers[i].Headers = h
 		}
 	}
+	for p, pc := range r.Platforms {
+		for _, s := range []*string{&pc.Token, &pc.WebhookSecret, &pc.SigningSecret, &pc.BotToken} {
+			if *s != "" {
+				*s = redactedValue
+			}
+		}
+		r.Platforms[p] = pc
+	}
 	return r
 }
 
@@ -769,6 +874,7 @@ func (c Config) clone() Config {
 		for p, pc := range c.Platforms {
 			pc.SessionReset = pc.SessionReset.clone()
 			pc.SessionResetByChatType = cloneOverrides(pc.SessionResetByChatType)
+			pc.RequireMention = clonePtr(pc.RequireMention)
 			r.Platforms[p] = pc
 		}
 	}

@@ -283,7 +283,12 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 // not cancelled when the client goes away: a publish the server has started
 // completes (and is recorded) so a retry finds it.
 func (s *Server) opContext(r *http.Request) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.PublishTimeout)
+	return s.opCtx(r.Context())
+}
+
+// opCtx is opContext for a context that is not a request's.
+func (s *Server) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), s.cfg.PublishTimeout)
 }
 
 // streamContext is the context of a long poll or an event stream: it ends
