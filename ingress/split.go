@@ -86,6 +86,10 @@ func (s *splitter) fits(line string, openAfter bool) bool {
 
 func (s *splitter) addLine(line string) {
 	toggles := strings.HasPrefix(strings.TrimLeftFunc(line, unicode.IsSpace), fence)
+	if toggles && s.open == "" && s.length(line) > s.limit/4 {
+		// An opener too long to repeat in every chunk: plain text.
+		toggles = false
+	}
 	openAfter := s.open != ""
 	if toggles {
 		openAfter = !openAfter
@@ -108,6 +112,12 @@ func (s *splitter) addLine(line string) {
 		}
 		if s.open != "" {
 			room -= s.length(closer)
+		}
+		if line == "" {
+			// Nothing to cut (only the reopened fence is there): keep it.
+			s.cur = append(s.cur, line)
+			s.body = true
+			break
 		}
 		head, rest := cutLine(line, room, s.length)
 		s.cur = append(s.cur, head)

@@ -194,7 +194,7 @@ func ToMessage(u *Update, bot Bot) (ingress.Message, error) {
 	}
 	// In a topic every message replies to the topic's opening message:
 	// that is not a reply the user made.
-	if r := m.ReplyToMessage; r != nil && r.MessageID != 0 && r.ForumTopicCreated == nil && r.MessageID != m.MessageThreadID {
+	if r := m.ReplyToMessage; r != nil && r.MessageID != 0 && r.ForumTopicCreated == nil && !(m.IsTopicMessage && r.MessageID == m.MessageThreadID) {
 		out.ReplyTo = strconv.FormatInt(r.MessageID, 10)
 	}
 	return out, nil
