@@ -671,6 +671,19 @@ type DeliveryConfig struct {
 	//
 	// Defaults to 100ms.
 	Backoff Duration `yaml:"backoff" json:"backoff"`
+
+	// MaxAttempts is how many failed sends of one reply a chat-platform
+	// delivery makes before it gives the reply up and records a
+	// delivery_failed event (rate-limit answers do not count). At least 1.
+	//
+	// Defaults to 8.
+	MaxAttempts int `yaml:"max_attempts" json:"max_attempts"`
+
+	// MaxAge is the age of a reply after which a chat-platform delivery
+	// gives it up at its next failed send. Positive.
+	//
+	// Defaults to 1h.
+	MaxAge Duration `yaml:"max_age" json:"max_age"`
 }
 
 // TelemetryConfig configures logs.
@@ -738,7 +751,9 @@ func Default() Config {
 			MaxBodyBytes: 1 << 20,
 		},
 		Delivery: DeliveryConfig{
-			Backoff: Duration(100 * time.Millisecond),
+			Backoff:     Duration(100 * time.Millisecond),
+			MaxAttempts: 8,
+			MaxAge:      Duration(time.Hour),
 		},
 		Telemetry: TelemetryConfig{
 			LogLevel:  "info",

@@ -351,6 +351,12 @@ func buildKeys() []key {
 		field("delivery.backoff",
 			"Delay before the first retry of a failed reply delivery; it doubles per attempt up to 5s (or the backoff itself, if longer). Delivery retries until it succeeds: a reply is never dropped because its store was briefly unavailable. Positive.",
 			func(c *Config) *Duration { return &c.Delivery.Backoff }, minDuration(time.Millisecond)),
+		field("delivery.max_attempts",
+			"Failed sends of one reply after which a chat-platform delivery (Telegram, Slack) gives it up and records a `delivery_failed` event (`fleetctl delivery failures`). Rate-limit answers do not count. At least 1.",
+			func(c *Config) *int { return &c.Delivery.MaxAttempts }, minInt(1)),
+		field("delivery.max_age",
+			"Age of a reply after which a chat-platform delivery gives it up at its next failed send. Positive.",
+			func(c *Config) *Duration { return &c.Delivery.MaxAge }, minDuration(time.Millisecond)),
 	)
 	ks = append(ks, platformKeys()...)
 	ks = append(ks,
