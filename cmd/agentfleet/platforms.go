@@ -11,6 +11,7 @@ import (
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/config"
 	"github.com/agentfleet/agentfleet/ingress"
+	"github.com/agentfleet/agentfleet/ingress/slack"
 	"github.com/agentfleet/agentfleet/ingress/telegram"
 )
 
@@ -43,7 +44,8 @@ func (p *platforms) handler(next http.Handler) http.Handler {
 
 // startPlatforms starts what the configuration turns on: for Telegram the
 // webhook route or the poll loop (one per bot across the fleet, under a
-// singleton lease), and each platform's delivery consumer.
+// singleton lease), for Slack the Events API route, and each platform's
+// delivery consumer.
 func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, res *broker.Resources, pub *ingress.Publisher, wg *sync.WaitGroup) (*platforms, error) {
 	p := &platforms{routes: map[string]http.Handler{}}
 	tg := rt.cfg.Telegram()
@@ -76,6 +78,21 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 		}
 		cfg := telegram.DeliveryConfig(a.Sender())
 		if err := p.startDelivery(ctx, rt, js, res, cfg); err != nil {
+			p.stop()
+			return nil, err
+		}
+	}
+	sl := rt.cfg.Slack()
+	if sl.SigningSecret != "" {
+		a, err := slack.New(pub, slack.Config{SigningSecret: sl.SigningSecret, BotToken: sl.BotToken, APIBase: sl.APIBase,
+			RequireMention: sl.RequireMention, MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), Logger: rt.log})
+		if err != nil {
+			p.stop()
+			return nil, fmt.Errorf("platforms.slack: %w", err)
+		}
+		p.routes["/webhooks/slack"] = a.Handler()
+		rt.log.Info("slack events endpoint enabled", "path", "/webhooks/slack")
+		if err := p.startDelivery(ctx, rt, js, res, slack.DeliveryConfig(a.Sender())); err != nil {
 			p.stop()
 			return nil, err
 		}
