@@ -199,7 +199,11 @@ func TestSignature(t *testing.T) {
 		"wrong secret": slackfake.Sign("another-secret", now, body),
 		"stale":        slackfake.Sign(secret, now.Add(-6*time.Minute), body),
 		"future":       slackfake.Sign(secret, now.Add(6*time.Minute), body),
-		"no timestamp": func() http.Header { h := slackfake.Sign(secret, now, body); h.Del("X-Slack-Request-Timestamp"); return h }(),
+		"no timestamp": func() http.Header {
+			h := slackfake.Sign(secret, now, body)
+			h.Del("X-Slack-Request-Timestamp")
+			return h
+		}(),
 	}
 	for name, h := range cases {
 		if status, resp := b.post(body, h); status != http.StatusUnauthorized {
