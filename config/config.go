@@ -190,9 +190,11 @@ type PlatformConfig struct {
 	// Defaults to "".
 	WebhookSecret string `yaml:"webhook_secret,omitempty" json:"webhook_secret,omitempty"`
 
-	// Mode is how Telegram updates arrive: webhook or poll (telegram only).
+	// Mode is how updates arrive: for telegram webhook or poll (default
+	// webhook), for slack events (the Events API) or socket (Socket Mode;
+	// default events).
 	//
-	// Defaults to "webhook".
+	// Defaults to the platform's webhook.
 	Mode string `yaml:"mode,omitempty" json:"mode,omitempty"`
 
 	// APIBase is the base URL of the platform's API (telegram, slack).
@@ -210,9 +212,14 @@ type PlatformConfig struct {
 	// Defaults to "".
 	BotToken string `yaml:"bot_token,omitempty" json:"bot_token,omitempty"`
 
-	// RequireMention makes channel messages reach the agent only when they
-	// mention the app (slack only); DMs and threads the app is in never need
-	// one.
+	// AppToken is the Slack app-level token, xapp-... (slack only), for
+	// Socket Mode. Secret.
+	//
+	// Defaults to "".
+	AppToken string `yaml:"app_token,omitempty" json:"app_token,omitempty"`
+
+	// RequireMention makes channel messages (threads included) reach the
+	// agent only when they mention the app (slack only); DMs never need one.
 	//
 	// Defaults to true.
 	RequireMention *bool `yaml:"require_mention,omitempty" json:"require_mention,omitempty"`
@@ -224,6 +231,8 @@ const (
 	DefaultSlackAPIBase    = "https://slack.com/api/"
 	TelegramModeWebhook    = "webhook"
 	TelegramModePoll       = "poll"
+	SlackModeEvents        = "events"
+	SlackModeSocket        = "socket"
 )
 
 // TelegramSettings are the effective Telegram settings (defaults applied).
@@ -246,14 +255,27 @@ func (c Config) Telegram() TelegramSettings {
 
 // SlackSettings are the effective Slack settings (defaults applied).
 type SlackSettings struct {
-	SigningSecret, BotToken, APIBase string
-	RequireMention                   bool
+	SigningSecret, BotToken, AppToken, APIBase, Mode string
+	RequireMention                                   bool
 }
 
-// Slack returns the Slack settings; SigningSecret empty means the adapter is off.
+// Enabled reports whether the Slack adapter is configured: a signing secret
+// for the Events API, an app-level token for Socket Mode.
+func (s SlackSettings) Enabled() bool {
+	if s.Mode == SlackModeSocket {
+		return s.AppToken != ""
+	}
+	return s.SigningSecret != ""
+}
+
+// Slack returns the Slack settings.
 func (c Config) Slack() SlackSettings {
 	pc := c.Platforms[session.PlatformSlack]
-	s := SlackSettings{SigningSecret: pc.SigningSecret, BotToken: pc.BotToken, APIBase: pc.APIBase, RequireMention: true}
+	s := SlackSettings{SigningSecret: pc.SigningSecret, BotToken: pc.BotToken, AppToken: pc.AppToken, APIBase: pc.APIBase,
+		Mode: pc.Mode, RequireMention: true}
+	if s.Mode == "" {
+		s.Mode = SlackModeEvents
+	}
 	if pc.RequireMention != nil {
 		s.RequireMention = *pc.RequireMention
 	}
@@ -270,7 +292,7 @@ func (c Config) ConnectedPlatforms() []session.Platform {
 	if c.Telegram().Token != "" {
 		out = append(out, session.PlatformTelegram)
 	}
-	if c.Slack().SigningSecret != "" {
+	if c.Slack().Enabled() {
 		out = append(out, session.PlatformSlack)
 	}
 	return out
@@ -868,7 +890,7 @@ func (c Config) Redacted() Config {
 		}
 	}
 	for p, pc := range r.Platforms {
-		for _, s := range []*string{&pc.Token, &pc.WebhookSecret, &pc.SigningSecret, &pc.BotToken} {
+		for _, s := range []*string{&pc.Token, &pc.WebhookSecret, &pc.SigningSecret, &pc.BotToken, &pc.AppToken} {
 			if *s != "" {
 				*s = redactedValue
 			}

@@ -935,6 +935,9 @@ func TestPlatformSettings(t *testing.T) {
 		{"bad api base", map[string]string{"AGENTFLEET_PLATFORMS_TELEGRAM_API_BASE": "ftp://x"}, "", "is not an http or https URL"},
 		{"slack without bot token", map[string]string{"AGENTFLEET_PLATFORMS_SLACK_SIGNING_SECRET": "abc"}, "", "platforms.slack.bot_token: is empty"},
 		{"slack complete", map[string]string{"AGENTFLEET_PLATFORMS_SLACK_SIGNING_SECRET": "abc", "AGENTFLEET_PLATFORMS_SLACK_BOT_TOKEN": "xoxb-1"}, "", ""},
+		{"socket mode complete", map[string]string{"AGENTFLEET_PLATFORMS_SLACK_MODE": "socket", "AGENTFLEET_PLATFORMS_SLACK_APP_TOKEN": "xapp-1", "AGENTFLEET_PLATFORMS_SLACK_BOT_TOKEN": "xoxb-1"}, "", ""},
+		{"socket mode without app token", map[string]string{"AGENTFLEET_PLATFORMS_SLACK_MODE": "socket", "AGENTFLEET_PLATFORMS_SLACK_BOT_TOKEN": "xoxb-1"}, "", "platforms.slack.app_token: is empty"},
+		{"slack mode of telegram", map[string]string{"AGENTFLEET_PLATFORMS_SLACK_MODE": "poll"}, "", `"poll" is not one of events, socket`},
 		{"foreign setting", nil, "platforms:\n  discord:\n    token: x\n  telegram:\n    signing_secret: y\n", "platforms.discord.token: is not a setting of platform discord"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -440,12 +440,18 @@ func platformKeys() []key {
 		platformString(sl, "bot_token", "",
 			"Slack bot token (`xoxb-...`) for chat.postMessage. Required with `signing_secret` (secret: redacted when printed).",
 			func(pc *PlatformConfig) *string { return &pc.BotToken }, nil),
+		platformString(sl, "app_token", "",
+			"Slack app-level token (`xapp-...`, scope `connections:write`) for Socket Mode. Required with `mode: socket` (secret: redacted when printed).",
+			func(pc *PlatformConfig) *string { return &pc.AppToken }, nil),
+		platformString(sl, "mode", SlackModeEvents,
+			"How Slack events arrive: `events` (Events API, POST /webhooks/slack) or `socket` (Socket Mode, one connection per app across the fleet; no public URL needed).",
+			func(pc *PlatformConfig) *string { return &pc.Mode }, oneOf(SlackModeEvents, SlackModeSocket)),
 		platformString(sl, "api_base", DefaultSlackAPIBase,
 			"Base URL of the Slack Web API (tests point it at a local server).",
 			func(pc *PlatformConfig) *string { return &pc.APIBase }, checkHTTPURL),
 		{
 			path: "platforms.slack.require_mention", kind: kindBool, def: "true",
-			desc: "Channel messages reach the agent only when they mention the app; DMs always do. false: every channel message the app receives.",
+			desc: "Channel messages (threads included) reach the agent only when they mention the app; DMs always do. false: every channel message the app receives.",
 			get: func(c *Config, _ []string) (any, bool) {
 				if m := c.Platforms[sl].RequireMention; m != nil {
 					return *m, true

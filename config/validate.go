@@ -164,7 +164,15 @@ func (c *Config) validatePlatforms() []error {
 		}
 	}
 	sl := c.Slack()
-	if (sl.SigningSecret == "") != (sl.BotToken == "") {
+	switch {
+	case sl.Mode == SlackModeSocket:
+		if sl.AppToken == "" {
+			add("platforms.slack.app_token", "", "is empty but platforms.slack.mode is socket; Socket Mode needs an app-level token")
+		}
+		if sl.BotToken == "" {
+			add("platforms.slack.bot_token", "", "is empty but platforms.slack.mode is socket; replies need it")
+		}
+	case (sl.SigningSecret == "") != (sl.BotToken == ""):
 		if sl.SigningSecret == "" {
 			add("platforms.slack.signing_secret", "", "is empty but platforms.slack.bot_token is set; the Events API needs both")
 		} else {
@@ -175,21 +183,26 @@ func (c *Config) validatePlatforms() []error {
 		pc := c.Platforms[p]
 		var foreign []string
 		if p != session.PlatformTelegram {
-			for name, set := range map[string]bool{"token": pc.Token != "", "webhook_secret": pc.WebhookSecret != "", "mode": pc.Mode != ""} {
+			for name, set := range map[string]bool{"token": pc.Token != "", "webhook_secret": pc.WebhookSecret != ""} {
 				if set {
 					foreign = append(foreign, name)
 				}
 			}
 		}
 		if p != session.PlatformSlack {
-			for name, set := range map[string]bool{"signing_secret": pc.SigningSecret != "", "bot_token": pc.BotToken != "", "require_mention": pc.RequireMention != nil} {
+			for name, set := range map[string]bool{"signing_secret": pc.SigningSecret != "", "bot_token": pc.BotToken != "", "app_token": pc.AppToken != "", "require_mention": pc.RequireMention != nil} {
 				if set {
 					foreign = append(foreign, name)
 				}
 			}
 		}
-		if p != session.PlatformTelegram && p != session.PlatformSlack && pc.APIBase != "" {
-			foreign = append(foreign, "api_base")
+		if p != session.PlatformTelegram && p != session.PlatformSlack {
+			if pc.APIBase != "" {
+				foreign = append(foreign, "api_base")
+			}
+			if pc.Mode != "" {
+				foreign = append(foreign, "mode")
+			}
 		}
 		slices.Sort(foreign)
 		for _, name := range foreign {

@@ -44,7 +44,8 @@ func (p *platforms) handler(next http.Handler) http.Handler {
 
 // startPlatforms starts what the configuration turns on: for Telegram the
 // webhook route or the poll loop (one per bot across the fleet, under a
-// singleton lease), for Slack the Events API route, and each platform's
+// singleton lease), for Slack the Events API route and/or the Socket Mode
+// connection (one per app, under a singleton lease), and each platform's
 // delivery consumer.
 func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, res *broker.Resources, pub *ingress.Publisher, wg *sync.WaitGroup) (*platforms, error) {
 	p := &platforms{routes: map[string]http.Handler{}}
@@ -83,15 +84,36 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 		}
 	}
 	sl := rt.cfg.Slack()
-	if sl.SigningSecret != "" {
+	if sl.Enabled() {
 		a, err := slack.New(pub, slack.Config{SigningSecret: sl.SigningSecret, BotToken: sl.BotToken, APIBase: sl.APIBase,
 			RequireMention: sl.RequireMention, MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), Logger: rt.log})
 		if err != nil {
 			p.stop()
 			return nil, fmt.Errorf("platforms.slack: %w", err)
 		}
-		p.routes["/webhooks/slack"] = a.Handler()
-		rt.log.Info("slack events endpoint enabled", "path", "/webhooks/slack")
+		if sl.SigningSecret != "" {
+			h, err := a.Handler()
+			if err != nil {
+				p.stop()
+				return nil, err
+			}
+			p.routes["/webhooks/slack"] = h
+			rt.log.Info("slack events endpoint enabled", "path", "/webhooks/slack")
+		}
+		if sl.Mode == config.SlackModeSocket {
+			s, err := ingress.NewSingleton(js, res, ingress.SingletonConfig{Names: rt.names, Kind: "slack_socket",
+				ID: ingress.TokenID(sl.AppToken), Logger: rt.log})
+			if err != nil {
+				p.stop()
+				return nil, err
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_ = s.Run(ctx, func(ctx context.Context) error { return a.SocketMode(ctx, sl.AppToken) })
+			}()
+			rt.log.Info("slack socket mode enabled", "lease", s.Key())
+		}
 		if err := p.startDelivery(ctx, rt, js, res, slack.DeliveryConfig(a.Sender())); err != nil {
 			p.stop()
 			return nil, err

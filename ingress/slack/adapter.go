@@ -53,7 +53,7 @@ const (
 
 // Config configures the adapter.
 type Config struct {
-	// SigningSecret verifies request signatures. Required.
+	// SigningSecret verifies request signatures. Required for Handler.
 	SigningSecret string
 	// BotToken (xoxb-...) posts replies. Required for Sender.
 	BotToken string
@@ -86,9 +86,6 @@ type Adapter struct {
 func New(pub *ingress.Publisher, cfg Config) (*Adapter, error) {
 	if pub == nil {
 		return nil, fmt.Errorf("%w: slack: Publisher is nil", ingress.ErrInvalidConfig)
-	}
-	if cfg.SigningSecret == "" {
-		return nil, fmt.Errorf("%w: slack: signing secret is empty; refusing to accept unverified requests", ingress.ErrInvalidConfig)
 	}
 	if cfg.APIBase == "" {
 		cfg.APIBase = DefaultAPIBase
@@ -268,8 +265,14 @@ func channelTypeOf(channel string) string {
 	return "channel"
 }
 
-// Handler serves POST /webhooks/slack.
-func (a *Adapter) Handler() http.Handler { return http.HandlerFunc(a.serve) }
+// Handler serves POST /webhooks/slack. It refuses to exist without a
+// signing secret: unverified requests could post as anyone.
+func (a *Adapter) Handler() (http.Handler, error) {
+	if a.cfg.SigningSecret == "" {
+		return nil, fmt.Errorf("%w: slack: signing secret is empty; refusing to accept unverified requests", ingress.ErrInvalidConfig)
+	}
+	return http.HandlerFunc(a.serve), nil
+}
 
 func (a *Adapter) serve(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {

@@ -35,6 +35,7 @@ const (
 
 type bundle struct {
 	t       *testing.T
+	pub     *ingress.Publisher
 	js      jetstream.JetStream
 	res     *broker.Resources
 	names   broker.Names
@@ -64,10 +65,16 @@ func setup(t *testing.T, requireMention bool) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hook := httptest.NewServer(a.Handler())
+	h, err := a.Handler()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hook := httptest.NewServer(h)
 	t.Cleanup(hook.Close)
-	return &bundle{t: t, js: js, res: res, names: names, api: api, adapter: a, hook: hook}
+	return &bundle{t: t, pub: pub, js: js, res: res, names: names, api: api, adapter: a, hook: hook}
 }
+
+func (b *bundle) pubFor(*testing.T) *ingress.Publisher { return b.pub }
 
 func readFile(t *testing.T, name string) []byte {
 	t.Helper()
@@ -403,5 +410,64 @@ func TestDelivery(t *testing.T) {
 	var f ingress.DeliveryFailure
 	if err := json.Unmarshal(raw.Data, &f); err != nil || f.ReplyID != "s1:3" || !strings.Contains(f.Error, "channel_not_found") || f.Attempts != 1 {
 		t.Fatalf("failure %+v (%v)", f, err)
+	}
+}
+
+// TestSocketMode receives events over a Socket Mode WebSocket (the fake's),
+// publishes each and acknowledges it only then; an envelope delivered again
+// (retry_attempt 1, after the connection that had it closed) is one
+// message; a handler for webhooks needs the signing secret, Socket Mode
+// does not.
+func TestSocketMode(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	a, err := slack.New(b.pubFor(t), slack.Config{BotToken: slackfake.BotToken, APIBase: b.api.APIBase(), RequireMention: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Handler(); !errors.Is(err, ingress.ErrInvalidConfig) {
+		t.Fatalf("Handler without a signing secret: %v", err)
+	}
+	run := func() (context.CancelFunc, chan error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- a.SocketMode(ctx, slackfake.AppToken) }()
+		return cancel, done
+	}
+	cancel, done := run()
+	b.api.AddSocketEvent(readFile(t, "message_im.json"))
+	b.api.AddSocketEvent(readFile(t, "app_mention.json"))
+	b.api.AddSocketEvent(readFile(t, "bot_echo.json"))
+	natstest.WaitFor(t, waitTimeout, "3 envelopes acknowledged", func() error {
+		if acked, _ := b.api.SocketAcks(); acked != 3 {
+			return fmt.Errorf("%d acknowledged", acked)
+		}
+		return nil
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("SocketMode returned %v after its context ended", err)
+	}
+	if in := b.inbox(); len(in) != 2 || in[0].Text != "hello agent" || in[1].Text != "what is the deploy status?" {
+		t.Fatalf("inbox %+v", in)
+	}
+	// The same event again (Slack's redelivery) on a new connection.
+	cancel, done = run()
+	defer func() { cancel(); <-done }()
+	b.api.AddSocketEvent(readFile(t, "message_im.json"))
+	natstest.WaitFor(t, waitTimeout, "the redelivery acknowledged", func() error {
+		if acked, _ := b.api.SocketAcks(); acked != 4 {
+			return fmt.Errorf("%d acknowledged", acked)
+		}
+		return nil
+	})
+	if in := b.inbox(); len(in) != 2 {
+		t.Fatalf("a redelivered event made %d inbox messages", len(in))
+	}
+	if n := b.api.SocketConnections(); n != 2 {
+		t.Errorf("%d connections, want 2", n)
+	}
+	if err := a.SocketMode(context.Background(), ""); !errors.Is(err, ingress.ErrInvalidConfig) {
+		t.Errorf("SocketMode without an app token: %v", err)
 	}
 }

@@ -1,7 +1,10 @@
 // Package slackfake is a local stand-in for the Slack Web API, for tests:
 // chat.postMessage (recording what was posted, and answering with scripted
-// failures as Slack does: 429 with Retry-After, 5xx, {"ok": false, "error"})
-// and auth.test. It also signs Events API requests the way Slack does.
+// failures as Slack does: 429 with Retry-After, 5xx, {"ok": false, "error"}),
+// auth.test, and Socket Mode (apps.connections.open and the WebSocket, with
+// hello, events_api envelopes, acknowledgements and redelivery of what a
+// closed connection left unacknowledged). It also signs Events API requests
+// the way Slack does.
 package slackfake
 
 import (
@@ -49,6 +52,12 @@ type Server struct {
 	attempts []Posted
 	failures []Failure
 	ts       int
+
+	// Socket Mode.
+	envelopes []*envelope
+	sockets   []*socketConn
+	conns     int
+	acks      int
 }
 
 // New starts a server, closed when the test ends.
@@ -84,6 +93,14 @@ func (s *Server) Attempts() []Posted {
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/api/apps.connections.open":
+		s.connectionsOpen(w, r)
+		return
+	case "/socket":
+		s.socket(w, r)
+		return
+	}
 	if err := r.ParseForm(); err != nil {
 		reply(w, http.StatusOK, map[string]any{"ok": false, "error": "invalid_form_data"})
 		return
