@@ -286,6 +286,8 @@ func (a *Adapter) serve(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusRequestEntityTooLarge, map[string]string{"error": fmt.Sprintf("body is larger than %d bytes", a.cfg.MaxBodyBytes)})
 		return
 	}
+	// A client trickling its body in must not hold the handler for ever.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(ingress.BodyReadTimeout))
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.cfg.MaxBodyBytes))
 	if err != nil {
 		var mb *http.MaxBytesError

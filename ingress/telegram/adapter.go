@@ -182,6 +182,8 @@ func (a *Adapter) serveWebhook(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusRequestEntityTooLarge, answer{Error: fmt.Sprintf("body is larger than %d bytes", a.cfg.MaxBodyBytes)})
 		return
 	}
+	// A client trickling its body in must not hold the handler for ever.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(ingress.BodyReadTimeout))
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.cfg.MaxBodyBytes))
 	if err != nil {
 		var mb *http.MaxBytesError
