@@ -15,11 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/ingress"
+	"github.com/agentfleet/agentfleet/ingress/platformtest"
 	"github.com/agentfleet/agentfleet/ingress/slack"
 	"github.com/agentfleet/agentfleet/ingress/slack/slackfake"
 	"github.com/agentfleet/agentfleet/session"
@@ -34,11 +31,8 @@ const (
 )
 
 type bundle struct {
+	*platformtest.Env
 	t       *testing.T
-	pub     *ingress.Publisher
-	js      jetstream.JetStream
-	res     *broker.Resources
-	names   broker.Names
 	api     *slackfake.Server
 	adapter *slack.Adapter
 	hook    *httptest.Server
@@ -46,22 +40,9 @@ type bundle struct {
 
 func setup(t *testing.T, requireMention bool) *bundle {
 	t.Helper()
-	ns := natstest.RunServer(t)
-	nc := ns.Connect(t)
-	js := natstest.JetStream(t, nc)
-	names := broker.MustNames("fleet")
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	res, err := broker.Provision(ctx, js, broker.ProvisionConfig{Names: names})
-	if err != nil {
-		t.Fatalf("provision: %v", err)
-	}
-	pub, err := ingress.NewPublisher(js, res, ingress.Config{Names: names, KeyOptions: session.DefaultKeyOptions()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	env := platformtest.New(t)
 	api := slackfake.New(t)
-	a, err := slack.New(pub, slack.Config{SigningSecret: secret, BotToken: slackfake.BotToken, APIBase: api.APIBase(), RequireMention: requireMention})
+	a, err := slack.New(env.Pub, slack.Config{SigningSecret: secret, BotToken: slackfake.BotToken, APIBase: api.APIBase(), RequireMention: requireMention})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,10 +52,8 @@ func setup(t *testing.T, requireMention bool) *bundle {
 	}
 	hook := httptest.NewServer(h)
 	t.Cleanup(hook.Close)
-	return &bundle{t: t, pub: pub, js: js, res: res, names: names, api: api, adapter: a, hook: hook}
+	return &bundle{Env: env, t: t, api: api, adapter: a, hook: hook}
 }
-
-func (b *bundle) pubFor(*testing.T) *ingress.Publisher { return b.pub }
 
 func readFile(t *testing.T, name string) []byte {
 	t.Helper()
@@ -100,32 +79,6 @@ func (b *bundle) post(body []byte, h http.Header) (int, string) {
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(data)
-}
-
-func (b *bundle) inbox() []session.Inbound {
-	b.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	info, err := b.res.Inbox.Info(ctx)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	var out []session.Inbound
-	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
-		m, err := b.res.Inbox.GetMsg(ctx, seq)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue
-		}
-		if err != nil {
-			b.t.Fatal(err)
-		}
-		var in session.Inbound
-		if err := json.Unmarshal(m.Data, &in); err != nil {
-			b.t.Fatal(err)
-		}
-		out = append(out, in)
-	}
-	return out
 }
 
 // TestToMessageRecorded converts recorded Events API payloads: DMs (im),
@@ -221,14 +174,14 @@ func TestSignature(t *testing.T) {
 	if status, _ := b.post(append(bytes.TrimSpace(body), ' '), tampered); status != http.StatusUnauthorized {
 		t.Errorf("tampered body: %d, want 401", status)
 	}
-	if n := len(b.inbox()); n != 0 {
+	if n := len(b.Inbox()); n != 0 {
 		t.Fatalf("refused requests published %d messages", n)
 	}
 	// Within the window (4 minutes old) and right.
 	if status, resp := b.post(body, slackfake.Sign(secret, now.Add(-4*time.Minute), body)); status != http.StatusOK {
 		t.Fatalf("good signature: %d %s", status, resp)
 	}
-	in := b.inbox()
+	in := b.Inbox()
 	if len(in) != 1 || in[0].Text != "hello agent" || in[0].PlatformMsgID != "slack:D0PNCRP9N:1763900000.000200" {
 		t.Fatalf("inbox %+v", in)
 	}
@@ -267,7 +220,7 @@ func TestRetryIsOneTurn(t *testing.T) {
 	if status, resp := b.post(readFile(t, "message_channel_mention.json"), nil); status != http.StatusOK || !strings.Contains(resp, `"duplicate":true`) {
 		t.Fatalf("the message event of the same mention: %d %s", status, resp)
 	}
-	if in := b.inbox(); len(in) != 1 || in[0].Text != "what is the deploy status?" {
+	if in := b.Inbox(); len(in) != 1 || in[0].Text != "what is the deploy status?" {
 		t.Fatalf("inbox %+v, want one message", in)
 	}
 	// Ignored events are 200 and publish nothing.
@@ -276,7 +229,7 @@ func TestRetryIsOneTurn(t *testing.T) {
 			t.Errorf("%s: %d %s", f, status, resp)
 		}
 	}
-	if n := len(b.inbox()); n != 1 {
+	if n := len(b.Inbox()); n != 1 {
 		t.Fatalf("ignored events published: %d messages", n)
 	}
 	// Malformed JSON, signed, is 400.
@@ -314,36 +267,11 @@ func FuzzParseEvent(f *testing.F) {
 }
 
 func (b *bundle) publishReply(id, channel, thread, text string) {
-	b.t.Helper()
-	src := session.SessionSource{Platform: session.PlatformSlack, ChatID: channel, ChatType: "dm", ThreadID: thread}
-	key := session.BuildSessionKey(src, session.DefaultKeyOptions())
-	rep := session.Reply{ID: id, SessionKey: key, SessionID: "20261123_120000_abcdef01", Kind: session.ReplyKindReply, Text: text,
-		Platform: session.PlatformSlack, ChatID: channel, ThreadID: thread, CreatedAt: time.Now().UTC()}
-	data, _ := json.Marshal(rep)
-	msg := nats.NewMsg(b.names.OutboxSubject("slack", session.LaneToken(key)))
-	msg.Data = data
-	if _, err := b.js.PublishMsg(context.Background(), msg, jetstream.WithMsgID(id)); err != nil {
-		b.t.Fatal(err)
-	}
+	b.PublishReply(session.PlatformSlack, id, channel, thread, text)
 }
 
 func (b *bundle) startDelivery(mod func(*ingress.PlatformDeliveryConfig)) {
-	b.t.Helper()
-	cfg := slack.DeliveryConfig(b.adapter.Sender())
-	cfg.Names = b.names
-	cfg.ChatInterval = 0
-	cfg.Backoff = 50 * time.Millisecond
-	if mod != nil {
-		mod(&cfg)
-	}
-	d, err := ingress.NewPlatformDelivery(b.js, b.res, cfg)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	if err := d.Start(context.Background()); err != nil {
-		b.t.Fatal(err)
-	}
-	b.t.Cleanup(d.Stop)
+	b.StartDelivery(slack.DeliveryConfig(b.adapter.Sender()), mod)
 }
 
 func (b *bundle) waitPosted(n int) []slackfake.Posted {
@@ -403,7 +331,7 @@ func TestDelivery(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
-	raw, err := b.res.Events.GetLastMsgForSubject(ctx, b.names.DeliveryFailedWildcard())
+	raw, err := b.Res.Events.GetLastMsgForSubject(ctx, b.Names.DeliveryFailedWildcard())
 	if err != nil {
 		t.Fatalf("no delivery_failed event: %v", err)
 	}
@@ -421,7 +349,7 @@ func TestDelivery(t *testing.T) {
 func TestSocketMode(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
-	a, err := slack.New(b.pubFor(t), slack.Config{BotToken: slackfake.BotToken, APIBase: b.api.APIBase(), RequireMention: true})
+	a, err := slack.New(b.Pub, slack.Config{BotToken: slackfake.BotToken, APIBase: b.api.APIBase(), RequireMention: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -448,7 +376,7 @@ func TestSocketMode(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("SocketMode returned %v after its context ended", err)
 	}
-	if in := b.inbox(); len(in) != 2 || in[0].Text != "hello agent" || in[1].Text != "what is the deploy status?" {
+	if in := b.Inbox(); len(in) != 2 || in[0].Text != "hello agent" || in[1].Text != "what is the deploy status?" {
 		t.Fatalf("inbox %+v", in)
 	}
 	// The same event again (Slack's redelivery) on a new connection.
@@ -461,7 +389,7 @@ func TestSocketMode(t *testing.T) {
 		}
 		return nil
 	})
-	if in := b.inbox(); len(in) != 2 {
+	if in := b.Inbox(); len(in) != 2 {
 		t.Fatalf("a redelivered event made %d inbox messages", len(in))
 	}
 	if n := b.api.SocketConnections(); n != 2 {

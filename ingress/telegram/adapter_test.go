@@ -15,11 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/ingress"
+	"github.com/agentfleet/agentfleet/ingress/platformtest"
 	"github.com/agentfleet/agentfleet/ingress/telegram"
 	"github.com/agentfleet/agentfleet/ingress/telegram/telegramtest"
 	"github.com/agentfleet/agentfleet/session"
@@ -34,11 +31,8 @@ const (
 )
 
 type bundle struct {
+	*platformtest.Env
 	t       *testing.T
-	js      jetstream.JetStream
-	res     *broker.Resources
-	names   broker.Names
-	pub     *ingress.Publisher
 	api     *telegramtest.Server
 	adapter *telegram.Adapter
 	hook    *httptest.Server
@@ -46,22 +40,9 @@ type bundle struct {
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	ns := natstest.RunServer(t)
-	nc := ns.Connect(t)
-	js := natstest.JetStream(t, nc)
-	names := broker.MustNames("fleet")
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	res, err := broker.Provision(ctx, js, broker.ProvisionConfig{Names: names})
-	if err != nil {
-		t.Fatalf("provision: %v", err)
-	}
-	pub, err := ingress.NewPublisher(js, res, ingress.Config{Names: names, KeyOptions: session.DefaultKeyOptions()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	env := platformtest.New(t)
 	api := telegramtest.New(t)
-	a, err := telegram.New(pub, telegram.Config{Token: telegramtest.Token, WebhookSecret: secret, APIBase: api.URL, PollTimeout: time.Second})
+	a, err := telegram.New(env.Pub, telegram.Config{Token: telegramtest.Token, WebhookSecret: secret, APIBase: api.URL, PollTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +52,7 @@ func setup(t *testing.T) *bundle {
 	}
 	hook := httptest.NewServer(h)
 	t.Cleanup(hook.Close)
-	return &bundle{t: t, js: js, res: res, names: names, pub: pub, api: api, adapter: a, hook: hook}
+	return &bundle{Env: env, t: t, api: api, adapter: a, hook: hook}
 }
 
 func readFile(t *testing.T, name string) []byte {
@@ -98,33 +79,6 @@ func (b *bundle) post(body []byte, secretHeader string) (int, string) {
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(data)
-}
-
-// inbox returns every inbox message, in order.
-func (b *bundle) inbox() []session.Inbound {
-	b.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	info, err := b.res.Inbox.Info(ctx)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	var out []session.Inbound
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
-		m, err := b.res.Inbox.GetMsg(ctx, seq)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue
-		}
-		if err != nil {
-			b.t.Fatal(err)
-		}
-		var in session.Inbound
-		if err := json.Unmarshal(m.Data, &in); err != nil {
-			b.t.Fatal(err)
-		}
-		out = append(out, in)
-	}
-	return out
 }
 
 // TestToMessageRecorded converts recorded Bot API updates of every chat
@@ -208,19 +162,19 @@ func TestWebhookSecret(t *testing.T) {
 			t.Errorf("secret %q: %d %s, want 401", bad, status, resp)
 		}
 	}
-	if n := len(b.inbox()); n != 0 {
+	if n := len(b.Inbox()); n != 0 {
 		t.Fatalf("refused requests published %d messages", n)
 	}
 	if status, resp := b.post(body, secret); status != http.StatusOK || !strings.Contains(resp, `"ok":true`) {
 		t.Fatalf("good secret: %d %s", status, resp)
 	}
-	in := b.inbox()
+	in := b.Inbox()
 	if len(in) != 1 || in[0].Text != "hello agent" || in[0].SessionKey != "agent:main:telegram:dm:123456789" ||
 		in[0].PlatformMsgID != "telegram:123456789:1021" {
 		t.Fatalf("inbox = %+v", in)
 	}
 
-	a, err := telegram.New(b.pub, telegram.Config{Token: telegramtest.Token, APIBase: b.api.URL})
+	a, err := telegram.New(b.Pub, telegram.Config{Token: telegramtest.Token, APIBase: b.api.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +201,7 @@ func TestWebhookRetryIsOneMessage(t *testing.T) {
 	if !strings.Contains(answers[1], `"duplicate":true`) || !strings.Contains(answers[2], `"duplicate":true`) {
 		t.Errorf("retries not reported as duplicates: %q", answers)
 	}
-	if in := b.inbox(); len(in) != 1 || in[0].Source.ThreadID != "400" {
+	if in := b.Inbox(); len(in) != 1 || in[0].Source.ThreadID != "400" {
 		t.Fatalf("inbox = %+v, want one message in thread 400", in)
 	}
 	// Ignored updates are answered 200 and publish nothing.
@@ -260,7 +214,7 @@ func TestWebhookRetryIsOneMessage(t *testing.T) {
 	if status, resp := b.post(readFile(t, "group_command_bot.json"), secret); status != http.StatusOK {
 		t.Fatalf("%d %s", status, resp)
 	}
-	in := b.inbox()
+	in := b.Inbox()
 	if len(in) != 2 || in[1].Kind != session.KindCommand || in[1].Command != "new" {
 		t.Fatalf("inbox = %+v, want the /new@fleetbot command last", in)
 	}
@@ -296,7 +250,7 @@ func TestWebhookBadInput(t *testing.T) {
 	if resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Errorf("GET: %d", resp.StatusCode)
 	}
-	if in := b.inbox(); len(in) != 1 || in[0].Text != "hi/../x" {
+	if in := b.Inbox(); len(in) != 1 || in[0].Text != "hi/../x" {
 		t.Fatalf("inbox = %+v, want only the valid message", in)
 	}
 }
@@ -330,42 +284,12 @@ func FuzzParseUpdate(f *testing.F) {
 	})
 }
 
-// publishReply puts a reply for the telegram chat into the outbox, as a
-// worker does.
 func (b *bundle) publishReply(id, chat, thread, text string) {
-	b.t.Helper()
-	src := session.SessionSource{Platform: session.PlatformTelegram, ChatID: chat, ChatType: "dm", ThreadID: thread}
-	key := session.BuildSessionKey(src, session.DefaultKeyOptions())
-	lane := session.LaneToken(key)
-	rep := session.Reply{ID: id, SessionKey: key, SessionID: "20261123_120000_abcdef01", Kind: session.ReplyKindReply, Text: text,
-		Platform: session.PlatformTelegram, ChatID: chat, ThreadID: thread, CreatedAt: time.Now().UTC()}
-	data, _ := json.Marshal(rep)
-	msg := nats.NewMsg(b.names.OutboxSubject("telegram", lane))
-	msg.Data = data
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	if _, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id)); err != nil {
-		b.t.Fatal(err)
-	}
+	b.PublishReply(session.PlatformTelegram, id, chat, thread, text)
 }
 
 func (b *bundle) startDelivery(mod func(*ingress.PlatformDeliveryConfig)) {
-	b.t.Helper()
-	cfg := telegram.DeliveryConfig(b.adapter.Sender())
-	cfg.Names = b.names
-	cfg.ChatInterval = 0
-	cfg.Backoff = 50 * time.Millisecond
-	if mod != nil {
-		mod(&cfg)
-	}
-	d, err := ingress.NewPlatformDelivery(b.js, b.res, cfg)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	if err := d.Start(context.Background()); err != nil {
-		b.t.Fatal(err)
-	}
-	b.t.Cleanup(d.Stop)
+	b.StartDelivery(telegram.DeliveryConfig(b.adapter.Sender()), mod)
 }
 
 func (b *bundle) waitSent(n int) []telegramtest.Sent {
@@ -379,36 +303,6 @@ func (b *bundle) waitSent(n int) []telegramtest.Sent {
 		return nil
 	})
 	return sent
-}
-
-// failures returns the delivery_failed events.
-func (b *bundle) failures() []ingress.DeliveryFailure {
-	b.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	cons, err := b.res.Events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{b.names.DeliveryFailedWildcard()}})
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	var out []ingress.DeliveryFailure
-	for {
-		batch, err := cons.FetchNoWait(100)
-		if err != nil {
-			b.t.Fatal(err)
-		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			var f ingress.DeliveryFailure
-			if err := json.Unmarshal(m.Data(), &f); err != nil {
-				b.t.Fatal(err)
-			}
-			out = append(out, f)
-		}
-		if n == 0 {
-			return out
-		}
-	}
 }
 
 // TestDeliverySplitsInOrder: a reply longer than 4096 UTF-16 units is sent
@@ -512,7 +406,7 @@ func TestDeliveryBudget(t *testing.T) {
 	}
 	var fails []ingress.DeliveryFailure
 	natstest.WaitFor(t, waitTimeout, "two failure events", func() error {
-		fails = b.failures()
+		fails = b.Failures()
 		if len(fails) < 2 {
 			return fmt.Errorf("%d events", len(fails))
 		}
@@ -538,7 +432,7 @@ func TestPollerSingleton(t *testing.T) {
 		done   chan struct{}
 	}
 	start := func(owner string) poller {
-		s, err := ingress.NewSingleton(b.js, b.res, ingress.SingletonConfig{Names: b.names, Kind: "telegram_poll",
+		s, err := ingress.NewSingleton(b.JS, b.Res, ingress.SingletonConfig{Names: b.Names, Kind: "telegram_poll",
 			ID: ingress.TokenID(telegramtest.Token), Owner: owner, TTL: 2 * time.Second, Retry: 200 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
@@ -552,7 +446,7 @@ func TestPollerSingleton(t *testing.T) {
 	holder := func() string {
 		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 		defer cancel()
-		e, err := b.res.Leases.Get(ctx, b.names.SingletonLeaseKey("telegram_poll", ingress.TokenID(telegramtest.Token)))
+		e, err := b.Res.Leases.Get(ctx, b.Names.SingletonLeaseKey("telegram_poll", ingress.TokenID(telegramtest.Token)))
 		if err != nil {
 			return ""
 		}
@@ -568,7 +462,7 @@ func TestPollerSingleton(t *testing.T) {
 		add(i)
 	}
 	natstest.WaitFor(t, waitTimeout, "5 updates published", func() error {
-		if n := len(b.inbox()); n != 5 {
+		if n := len(b.Inbox()); n != 5 {
 			return fmt.Errorf("%d", n)
 		}
 		return nil
@@ -589,7 +483,7 @@ func TestPollerSingleton(t *testing.T) {
 		add(i)
 	}
 	natstest.WaitFor(t, waitTimeout, "10 updates published", func() error {
-		if n := len(b.inbox()); n != 10 {
+		if n := len(b.Inbox()); n != 10 {
 			return fmt.Errorf("%d", n)
 		}
 		return nil
@@ -597,7 +491,7 @@ func TestPollerSingleton(t *testing.T) {
 	if h := holder(); h == first || h == "" {
 		t.Errorf("holder after the stop = %q (was %q)", h, first)
 	}
-	for i, in := range b.inbox() {
+	for i, in := range b.Inbox() {
 		if in.Text != fmt.Sprintf("m%d", i+1) {
 			t.Errorf("inbox[%d] = %q", i, in.Text)
 		}

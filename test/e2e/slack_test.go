@@ -2,18 +2,14 @@ package e2e
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/agentfleet/agentfleet/ingress"
 	"github.com/agentfleet/agentfleet/ingress/slack/slackfake"
-	"github.com/agentfleet/agentfleet/session"
 )
 
 // TestSlackEventsToReply drives a real `agentfleet ingress` with the Slack
@@ -92,25 +88,18 @@ func TestSlackSocketModeFailover(t *testing.T) {
 	c := newCluster(t)
 	t.Parallel()
 	api := slackfake.New(t)
-	env := []string{
+	ingresses := c.startIngresses([]string{
 		"AGENTFLEET_PLATFORMS_SLACK_MODE=socket",
 		"AGENTFLEET_PLATFORMS_SLACK_APP_TOKEN=" + slackfake.AppToken,
 		"AGENTFLEET_PLATFORMS_SLACK_BOT_TOKEN=" + slackfake.BotToken,
 		"AGENTFLEET_PLATFORMS_SLACK_API_BASE=" + api.APIBase(),
-	}
-	ingresses := map[int]*proc{}
-	for _, name := range []string{"ingress-a", "ingress-b"} {
-		addr := freeAddr(t)
-		p := newProc(t, c.dir, name, append(append([]string(nil), c.env...), env...), "ingress", "--http", addr)
-		p.start()
-		waitReady(t, c.hc, "http://"+addr, p)
-		ingresses[p.pid()] = p
-	}
+	}, "ingress-a", "ingress-b")
 	c.startWorker("w1")
 
 	next := 1
 	add := func(n int) {
 		for range n {
+			// One DM per event: one lane, one turn, one reply each.
 			api.AddSocketEvent(fmt.Appendf(nil, `{"token":"x","team_id":"T1","api_app_id":"A1","type":"event_callback","event_id":"Ev%d","event_time":1763900000,`+
 				`"authorizations":[{"team_id":"T1","user_id":"U0BOT00001","is_bot":true}],`+
 				`"event":{"type":"message","text":"s%d","user":"U%d","ts":"1763900000.%06d","channel":"D%d","event_ts":"1763900000.%06d","channel_type":"im"}}`,
@@ -118,71 +107,27 @@ func TestSlackSocketModeFailover(t *testing.T) {
 			next++
 		}
 	}
-	replied := func(what string) {
-		waitFor(t, 120*time.Second, what, func() error {
-			got := map[string]bool{}
-			for _, p := range api.Posted() {
-				got[strings.TrimPrefix(p.Text, ingress.DuplicateLabel)] = true
-			}
-			for i := 1; i < next; i++ {
-				if !got[fmt.Sprintf("echo: s%d", i)] {
-					return fmt.Errorf("no reply to s%d yet (%d posted)", i, len(api.Posted()))
-				}
-			}
-			return nil
-		})
+	posted := func() []string {
+		var out []string
+		for _, p := range api.Posted() {
+			out = append(out, p.Text)
+		}
+		return out
 	}
 	add(10)
-	replied("replies to the first 10 events")
+	waitAnswered(t, "replies to the first 10 events", "s", next-1, posted)
 
-	key := c.names.SingletonLeaseKey("slack_socket", ingress.TokenID(slackfake.AppToken))
-	var holder *proc
-	waitFor(t, startTimeout, "the socket lease holder", func() error {
-		e, err := c.res.Leases.Get(t.Context(), key)
-		if err != nil {
-			return err
-		}
-		var v struct{ Owner string }
-		if err := json.Unmarshal(e.Value(), &v); err != nil {
-			return err
-		}
-		parts := strings.Split(v.Owner, "-")
-		pid, _ := strconv.Atoi(parts[len(parts)-2])
-		if holder = ingresses[pid]; holder == nil {
-			return fmt.Errorf("owner %q is no ingress of this test", v.Owner)
-		}
-		return nil
-	})
+	holder := c.singletonHolder(c.names.SingletonLeaseKey("slack_socket", ingress.TokenID(slackfake.AppToken)), ingresses)
 	add(5)
 	holder.kill()
+	killedAt := time.Now()
 	add(10)
-	replied("replies to every event after the socket holder was killed")
+	waitAnswered(t, "replies to every event after the socket holder was killed", "s", next-1, posted)
+	t.Logf("all %d events answered %s after the kill", next-1, time.Since(killedAt).Round(time.Millisecond))
 
-	counts := map[string]int{}
-	for _, m := range c.readStream(c.res.Inbox, c.names.InboxWildcard()) {
-		var in session.Inbound
-		if err := json.Unmarshal(m.Data, &in); err != nil {
-			t.Fatal(err)
-		}
-		counts[in.PlatformMsgID]++
-	}
-	if len(counts) != next-1 {
-		t.Errorf("inbox holds %d distinct events, want %d", len(counts), next-1)
-	}
-	for id, n := range counts {
-		if n != 1 {
-			t.Errorf("event %s is in the inbox %d times", id, n)
-		}
-	}
+	c.checkInboxOnce(next - 1)
+	checkRepeatsLabelled(t, posted())
 	if n := api.SocketConnections(); n < 2 {
 		t.Errorf("%d socket connections: the survivor never connected", n)
-	}
-	seen := map[string]int{}
-	for _, p := range api.Posted() {
-		base := strings.TrimPrefix(p.Text, ingress.DuplicateLabel)
-		seen[base]++
-		if seen[base] > 1 && !strings.HasPrefix(p.Text, ingress.DuplicateLabel) {
-			t.Errorf("reply %q posted again without the duplicate label", base)
-		}
 	}
 }

@@ -2,16 +2,12 @@ package e2e
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/ingress"
 	"github.com/agentfleet/agentfleet/ingress/telegram/telegramtest"
@@ -29,19 +25,11 @@ func TestTelegramPollerFailover(t *testing.T) {
 	c := newCluster(t)
 	t.Parallel()
 	api := telegramtest.New(t)
-	env := []string{
+	ingresses := c.startIngresses([]string{
 		"AGENTFLEET_PLATFORMS_TELEGRAM_TOKEN=" + telegramtest.Token,
 		"AGENTFLEET_PLATFORMS_TELEGRAM_MODE=poll",
 		"AGENTFLEET_PLATFORMS_TELEGRAM_API_BASE=" + api.URL,
-	}
-	ingresses := map[int]*proc{}
-	for _, name := range []string{"ingress-a", "ingress-b"} {
-		addr := freeAddr(t)
-		p := newProc(t, c.dir, name, append(append([]string(nil), c.env...), env...), "ingress", "--http", addr)
-		p.start()
-		waitReady(t, c.hc, "http://"+addr, p)
-		ingresses[p.pid()] = p
-	}
+	}, "ingress-a", "ingress-b")
 	c.startWorker("w1")
 
 	next := 1
@@ -53,89 +41,31 @@ func TestTelegramPollerFailover(t *testing.T) {
 			next++
 		}
 	}
-	// replied waits until every update so far has its reply.
-	replied := func(what string) {
-		waitFor(t, 120*time.Second, what, func() error {
-			got := map[string]bool{}
-			for _, s := range api.Sent() {
-				got[strings.TrimPrefix(s.Text, ingress.DuplicateLabel)] = true
-			}
-			for i := 1; i < next; i++ {
-				if !got[fmt.Sprintf("echo: m%d", i)] {
-					return fmt.Errorf("no reply to m%d yet (%d sent)", i, len(api.Sent()))
-				}
-			}
-			return nil
-		})
+	sent := func() []string {
+		var out []string
+		for _, s := range api.Sent() {
+			out = append(out, s.Text)
+		}
+		return out
 	}
 	add(10)
-	replied("replies to the first 10 updates")
+	waitAnswered(t, "replies to the first 10 updates", "m", next-1, sent)
 
-	// The holder of the poller lease.
 	key := c.names.SingletonLeaseKey("telegram_poll", ingress.TokenID(telegramtest.Token))
-	var holder *proc
-	waitFor(t, startTimeout, "the poller lease holder", func() error {
-		e, err := c.res.Leases.Get(t.Context(), key)
-		if err != nil {
-			return err
-		}
-		var v struct{ Owner string }
-		if err := json.Unmarshal(e.Value(), &v); err != nil {
-			return err
-		}
-		// Owner is <host>-<pid>-<random>.
-		parts := strings.Split(v.Owner, "-")
-		if len(parts) < 3 {
-			return fmt.Errorf("owner %q", v.Owner)
-		}
-		pid, _ := strconv.Atoi(parts[len(parts)-2])
-		if holder = ingresses[pid]; holder == nil {
-			return fmt.Errorf("owner %q is no ingress of this test", v.Owner)
-		}
-		return nil
-	})
+	holder := c.singletonHolder(key, ingresses)
 	add(5)
 	holder.kill()
 	killedAt := time.Now()
 	add(10)
-	replied("replies to every update after the poller holder was killed")
+	waitAnswered(t, "replies to every update after the poller holder was killed", "m", next-1, sent)
 	t.Logf("all %d updates answered %s after the kill", next-1, time.Since(killedAt).Round(time.Millisecond))
 
-	// The inbox holds each update exactly once.
-	counts := map[string]int{}
-	for _, m := range c.readStream(c.res.Inbox, c.names.InboxWildcard()) {
-		var in session.Inbound
-		if err := json.Unmarshal(m.Data, &in); err != nil {
-			t.Fatal(err)
-		}
-		counts[in.PlatformMsgID]++
-	}
-	if len(counts) != next-1 {
-		t.Errorf("inbox holds %d distinct updates, want %d", len(counts), next-1)
-	}
-	for id, n := range counts {
-		if n != 1 {
-			t.Errorf("update %s is in the inbox %d times", id, n)
-		}
-	}
-	// A reply sent twice is labelled on its second copy.
-	seen := map[string]int{}
-	for _, s := range api.Sent() {
-		base := strings.TrimPrefix(s.Text, ingress.DuplicateLabel)
-		seen[base]++
-		if seen[base] > 1 && !strings.HasPrefix(s.Text, ingress.DuplicateLabel) {
-			t.Errorf("reply %q sent again without the duplicate label", base)
-		}
-	}
+	c.checkInboxOnce(next - 1)
+	checkRepeatsLabelled(t, sent())
 	if polls, conflicts := api.Polls(); conflicts > polls/2 {
 		t.Errorf("%d of %d getUpdates calls were conflicts: two pollers ran side by side", conflicts, polls)
 	}
-	// The surviving ingress holds the lease now.
-	e, err := c.res.Leases.Get(t.Context(), key)
-	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		t.Fatal(err)
-	}
-	if err == nil && strings.Contains(string(e.Value()), fmt.Sprintf("-%d-", holder.pid())) {
+	if e, err := c.res.Leases.Get(t.Context(), key); err == nil && strings.Contains(string(e.Value()), fmt.Sprintf("-%d-", holder.pid())) {
 		t.Errorf("the killed ingress still holds the poller lease: %s", e.Value())
 	}
 }
