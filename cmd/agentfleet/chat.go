@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -42,14 +43,26 @@ Local commands: /history [N] prints the last N replies (default 10),
 With input from a pipe, chat sends every message, waits until the fleet has
 handled them and their replies are printed, then exits.`,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "url", Value: "http://127.0.0.1:8080", EnvVars: []string{"AGENTFLEET_CHAT_URL"}, Usage: "base `URL` of the ingress"},
-			&cli.StringFlag{Name: "token", EnvVars: []string{"AGENTFLEET_HTTP_TOKEN"}, Usage: "bearer `TOKEN` (http.token)"},
+			&cli.StringFlag{Name: "url", EnvVars: []string{"AGENTFLEET_CHAT_URL"}, Usage: "base `URL` of the ingress (default: http.addr on this host)"},
+			&cli.StringFlag{Name: "token", Usage: "bearer `TOKEN` (default: http.token)"},
 			&cli.StringFlag{Name: "chat", Usage: "chat `ID` of the conversation (default cli-<user>)"},
 			&cli.StringFlag{Name: "user", Usage: "your user `NAME` (default the login name)"},
 			&cli.IntFlag{Name: "history", Value: 10, Usage: "replies of earlier turns to show at start"},
 			&cli.DurationFlag{Name: "wait", Value: 2 * time.Minute, Usage: "at end of input, how long to wait for outstanding replies"},
 		},
 		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c, nil)
+			if err != nil {
+				return err
+			}
+			base := c.String("url")
+			if base == "" {
+				base = localURL(cfg.HTTP.Addr)
+			}
+			token := c.String("token")
+			if token == "" {
+				token = cfg.HTTP.Token
+			}
 			name := c.String("user")
 			if name == "" {
 				name = "user"
@@ -62,7 +75,7 @@ handled them and their replies are printed, then exits.`,
 				chat = "cli-" + name
 			}
 			cl := &chatClient{
-				base: strings.TrimRight(c.String("url"), "/"), token: c.String("token"), chatID: chat, user: name,
+				base: strings.TrimRight(base, "/"), token: token, chatID: chat, user: name,
 				hc: &http.Client{}, out: c.App.Writer, history: c.Int("history"), wait: c.Duration("wait"),
 			}
 			if cl.out == nil {
@@ -506,6 +519,19 @@ func (c *chatClient) drain(ctx context.Context) error {
 		c.printf("(gave up waiting for replies after %s)\n", c.wait)
 	}
 	return nil
+}
+
+// localURL is the URL at which this host reaches an HTTP server listening
+// on addr (":8080", "0.0.0.0:8080", "[::]:8080" are reached on loopback).
+func localURL(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "http://" + addr
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port)
 }
 
 func sleepOrDone(ctx context.Context, d time.Duration) bool {
