@@ -132,10 +132,12 @@ type DeliveryFailure struct {
 	OutboxSeq  uint64           `json:"outbox_seq"`
 	Chunks     int              `json:"chunks"`
 	SentChunks int              `json:"sent_chunks"`
-	Attempts   int              `json:"attempts"`
-	Error      string           `json:"error"`
-	CreatedAt  time.Time        `json:"created_at,omitzero"`
-	FailedAt   time.Time        `json:"failed_at"`
+	// Attempts is the sends made (the failed ones counted across
+	// takeovers).
+	Attempts  int       `json:"attempts"`
+	Error     string    `json:"error"`
+	CreatedAt time.Time `json:"created_at,omitzero"`
+	FailedAt  time.Time `json:"failed_at"`
 }
 
 // PlatformDelivery delivers the replies of one chat platform: a durable
@@ -447,7 +449,7 @@ func (d *PlatformDelivery) giveUp(ctx context.Context, msg jetstream.Msg, lane s
 	ev := DeliveryFailure{
 		Platform: d.cfg.Platform, ReplyID: rep.ID, SessionKey: rep.SessionKey, ChatID: rep.ChatID,
 		ThreadID: rep.ThreadID, Kind: rep.Kind, OutboxSeq: outSeq, Chunks: st.Chunks, SentChunks: st.Sent,
-		Attempts: attempts, Error: cause.Error(), CreatedAt: rep.CreatedAt, FailedAt: time.Now().UTC(),
+		Attempts: max(attempts, st.Failures), Error: cause.Error(), CreatedAt: rep.CreatedAt, FailedAt: time.Now().UTC(),
 	}
 	data, _ := json.Marshal(ev)
 	if lane == "" {
