@@ -24,6 +24,13 @@ const (
 	DefaultSendTimeout         = 20 * time.Second
 )
 
+// PlatformDeliveryAckWait is the AckWait of a platform delivery consumer.
+// The holder of a reply tells the server it is still working on it every
+// third of it (a heartbeat, whatever it is doing: a send, a flood-control
+// wait), so a reply is only redelivered when its process died or stalled,
+// and a dead process holds up its platform's replies for at most this long.
+const PlatformDeliveryAckWait = 10 * time.Second
+
 // DuplicateLabel starts a message whose earlier send had an unknown outcome
 // (a timeout after the request was sent, a 5xx): the platform may already
 // show it, so the user is told this copy may be a duplicate.
@@ -98,7 +105,7 @@ type PlatformDeliveryConfig struct {
 	// Backoff is the wait after the first failed send; it doubles per
 	// failure up to BackoffMax. Defaults to 100ms and 1m.
 	Backoff, BackoffMax time.Duration
-	// SendTimeout bounds one send; keep it below DeliveryAckWait. Defaults to 20s.
+	// SendTimeout bounds one send. Defaults to 20s.
 	SendTimeout time.Duration
 	// Logger receives structured logs. Defaults to a discard logger.
 	Logger *slog.Logger
@@ -222,7 +229,7 @@ func (d *PlatformDelivery) ConsumerConfig() jetstream.ConsumerConfig {
 		Durable:       d.cfg.Names.DeliveryConsumer(p),
 		Description:   "agentfleet delivery of " + p + " replies to " + d.cfg.Platform.DisplayName(),
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       DeliveryAckWait,
+		AckWait:       PlatformDeliveryAckWait,
 		MaxDeliver:    -1,
 		MaxAckPending: 1,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
@@ -313,7 +320,28 @@ func (d *PlatformDelivery) run(ctx context.Context, it jetstream.MessagesContext
 }
 
 // handle delivers one reply, chunk by chunk, then acks it; or gives it up.
+// While it runs, a heartbeat keeps the reply in this process's hands.
 func (d *PlatformDelivery) handle(ctx context.Context, msg jetstream.Msg) {
+	hbDone := make(chan struct{})
+	var hb sync.WaitGroup
+	hb.Go(func() {
+		t := time.NewTicker(PlatformDeliveryAckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-hbDone:
+				return
+			case <-t.C:
+				_ = msg.InProgress()
+			}
+		}
+	})
+	defer hb.Wait()
+	defer close(hbDone)
+	d.deliverReply(ctx, msg)
+}
+
+func (d *PlatformDelivery) deliverReply(ctx context.Context, msg jetstream.Msg) {
 	var outSeq uint64
 	if md, err := msg.Metadata(); err == nil {
 		outSeq = md.Sequence.Stream
@@ -369,7 +397,6 @@ func (d *PlatformDelivery) handle(ctx context.Context, msg jetstream.Msg) {
 			continue
 		}
 		attempts++
-		_ = msg.InProgress()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.SendTimeout)
 		err := d.cfg.Sender.Send(sctx, target, text)
 		cancel()
@@ -546,18 +573,8 @@ func (d *PlatformDelivery) pace(ctx context.Context, msg jetstream.Msg, chat str
 	return d.wait(ctx, msg, wait)
 }
 
-// wait sleeps for dur, telling the server the reply is still in hand often
-// enough that it is not redelivered meanwhile. It reports whether dur passed
-// (false: ctx ended).
-func (d *PlatformDelivery) wait(ctx context.Context, msg jetstream.Msg, dur time.Duration) bool {
-	step := DeliveryAckWait / 3
-	for dur > 0 {
-		_ = msg.InProgress()
-		s := min(dur, step)
-		if !sleepCtx(ctx, s) {
-			return false
-		}
-		dur -= s
-	}
-	return true
+// wait sleeps for dur (the heartbeat of handle keeps the reply in hand).
+// It reports whether dur passed (false: ctx ended).
+func (d *PlatformDelivery) wait(ctx context.Context, _ jetstream.Msg, dur time.Duration) bool {
+	return sleepCtx(ctx, dur)
 }
