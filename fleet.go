@@ -101,8 +101,8 @@ func WorkerConfig(s config.Config, id string, b agent.Backend, restart bool, log
 		DrainTimeout: s.Agent.RestartDrainTimeout.Duration(), Restart: restart,
 		Reset: s.ResetConfig(), Location: s.Location(),
 		Context: session.ContextOptions{KeyOptions: keys, RedactPII: s.Privacy.RedactPII,
-			// The platforms this deployment delivers to: the HTTP adapter.
-			ConnectedPlatforms: []session.Platform{session.PlatformHTTP}},
+			// The platforms this deployment delivers to.
+			ConnectedPlatforms: s.ConnectedPlatforms()},
 		MaxAgeDays: s.SessionStoreMaxAgeDays,
 		CacheSize:  s.Worker.CacheSize, CacheIdleTTL: s.Worker.CacheIdleTTL.Duration(),
 		Logger: log,

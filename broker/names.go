@@ -249,3 +249,22 @@ func (n Names) IndexerConsumer(stream string) string { return "indexer_" + strin
 
 // WatcherLeaseKey is the leases-bucket key of the expiry watcher's leader.
 func (n Names) WatcherLeaseKey() string { return "_watcher" }
+
+// SingletonLeaseKey is the leases-bucket key of a fleet-wide singleton: the
+// one long-lived platform connection or poll loop of kind (e.g.
+// "telegram_poll") for the bot or app identified by id (a hash of its token,
+// never the token).
+func (n Names) SingletonLeaseKey(kind, id string) string { return "_singleton." + kind + "." + id }
+
+// DeliveryFailedKind is the event kind of a reply a platform delivery gave up
+// on after its retry budget: <prefix>.ev.delivery_failed.<lane>.
+const DeliveryFailedKind = "delivery_failed"
+
+// DeliveryFailedWildcard matches every delivery-failure event.
+func (n Names) DeliveryFailedWildcard() string { return n.prefix + ".ev." + DeliveryFailedKind + ".>" }
+
+// PlatformDeliveredKey is the delivered-bucket key of the delivery state of
+// a reply on a chat platform (its reply id written as a lane token).
+func (n Names) PlatformDeliveredKey(platform, replyToken string) string {
+	return platform + "." + replyToken
+}

@@ -178,6 +178,125 @@ type PlatformConfig struct {
 	//
 	// Defaults to no overrides.
 	SessionResetByChatType map[string]ResetOverride `yaml:"session_reset_by_chat_type,omitempty" json:"session_reset_by_chat_type,omitempty"`
+
+	// Token is the Telegram bot token (telegram only). Secret. Setting it
+	// turns the Telegram adapter on.
+	//
+	// Defaults to "".
+	Token string `yaml:"token,omitempty" json:"token,omitempty"`
+
+	// WebhookSecret is the secret_token Telegram sends with every webhook
+	// request (telegram only). Secret. Required in webhook mode.
+	//
+	// Defaults to "".
+	WebhookSecret string `yaml:"webhook_secret,omitempty" json:"webhook_secret,omitempty"`
+
+	// Mode is how updates arrive: for telegram webhook or poll (default
+	// webhook), for slack events (the Events API) or socket (Socket Mode;
+	// default events).
+	//
+	// Defaults to the platform's webhook.
+	Mode string `yaml:"mode,omitempty" json:"mode,omitempty"`
+
+	// APIBase is the base URL of the platform's API (telegram, slack).
+	//
+	// Defaults to the platform's public API.
+	APIBase string `yaml:"api_base,omitempty" json:"api_base,omitempty"`
+
+	// SigningSecret verifies Slack's request signatures (slack only). Secret.
+	//
+	// Defaults to "".
+	SigningSecret string `yaml:"signing_secret,omitempty" json:"signing_secret,omitempty"`
+
+	// BotToken is the Slack bot token, xoxb-... (slack only). Secret.
+	//
+	// Defaults to "".
+	BotToken string `yaml:"bot_token,omitempty" json:"bot_token,omitempty"`
+
+	// AppToken is the Slack app-level token, xapp-... (slack only), for
+	// Socket Mode. Secret.
+	//
+	// Defaults to "".
+	AppToken string `yaml:"app_token,omitempty" json:"app_token,omitempty"`
+
+	// RequireMention makes channel messages (threads included) reach the
+	// agent only when they mention the app (slack only); DMs never need one.
+	//
+	// Defaults to true.
+	RequireMention *bool `yaml:"require_mention,omitempty" json:"require_mention,omitempty"`
+}
+
+// Platform API defaults.
+const (
+	DefaultTelegramAPIBase = "https://api.telegram.org"
+	DefaultSlackAPIBase    = "https://slack.com/api/"
+	TelegramModeWebhook    = "webhook"
+	TelegramModePoll       = "poll"
+	SlackModeEvents        = "events"
+	SlackModeSocket        = "socket"
+)
+
+// TelegramSettings are the effective Telegram settings (defaults applied).
+type TelegramSettings struct {
+	Token, WebhookSecret, Mode, APIBase string
+}
+
+// Telegram returns the Telegram settings; Token empty means the adapter is off.
+func (c Config) Telegram() TelegramSettings {
+	pc := c.Platforms[session.PlatformTelegram]
+	s := TelegramSettings{Token: pc.Token, WebhookSecret: pc.WebhookSecret, Mode: pc.Mode, APIBase: pc.APIBase}
+	if s.Mode == "" {
+		s.Mode = TelegramModeWebhook
+	}
+	if s.APIBase == "" {
+		s.APIBase = DefaultTelegramAPIBase
+	}
+	return s
+}
+
+// SlackSettings are the effective Slack settings (defaults applied).
+type SlackSettings struct {
+	SigningSecret, BotToken, AppToken, APIBase, Mode string
+	RequireMention                                   bool
+}
+
+// Enabled reports whether the Slack adapter is configured: a signing secret
+// for the Events API, an app-level token for Socket Mode.
+func (s SlackSettings) Enabled() bool {
+	if s.Mode == SlackModeSocket {
+		return s.AppToken != ""
+	}
+	return s.SigningSecret != ""
+}
+
+// Slack returns the Slack settings.
+func (c Config) Slack() SlackSettings {
+	pc := c.Platforms[session.PlatformSlack]
+	s := SlackSettings{SigningSecret: pc.SigningSecret, BotToken: pc.BotToken, AppToken: pc.AppToken, APIBase: pc.APIBase,
+		Mode: pc.Mode, RequireMention: true}
+	if s.Mode == "" {
+		s.Mode = SlackModeEvents
+	}
+	if pc.RequireMention != nil {
+		s.RequireMention = *pc.RequireMention
+	}
+	if s.APIBase == "" {
+		s.APIBase = DefaultSlackAPIBase
+	}
+	return s
+}
+
+// ConnectedPlatforms lists the platforms this configuration delivers to:
+// http always, telegram and slack when configured.
+func (c Config) ConnectedPlatforms() []session.Platform {
+	out := []session.Platform{session.PlatformHTTP}
+	if c.Telegram().Token != "" {
+		out = append(out, session.PlatformTelegram)
+	}
+	if c.Slack().Enabled() {
+		out = append(out, session.PlatformSlack)
+	}
+	return out
 }
 
 // AgentConfig configures the agent backend and turn timing.
@@ -582,6 +701,19 @@ type DeliveryConfig struct {
 	//
 	// Defaults to 100ms.
 	Backoff Duration `yaml:"backoff" json:"backoff"`
+
+	// MaxAttempts is how many failed sends of one reply a chat-platform
+	// delivery makes before it gives the reply up and records a
+	// delivery_failed event (rate-limit answers do not count). At least 1.
+	//
+	// Defaults to 8.
+	MaxAttempts int `yaml:"max_attempts" json:"max_attempts"`
+
+	// MaxAge is the age of a reply after which a chat-platform delivery
+	// gives it up at its next failed send. Positive.
+	//
+	// Defaults to 1h.
+	MaxAge Duration `yaml:"max_age" json:"max_age"`
 }
 
 // TelemetryConfig configures logs.
@@ -651,7 +783,9 @@ func Default() Config {
 			MaxReadersPerClient: 256,
 		},
 		Delivery: DeliveryConfig{
-			Backoff: Duration(100 * time.Millisecond),
+			Backoff:     Duration(100 * time.Millisecond),
+			MaxAttempts: 8,
+			MaxAge:      Duration(time.Hour),
 		},
 		Telemetry: TelemetryConfig{
 			LogLevel:  "info",
@@ -746,10 +880,11 @@ func loadLocation(name string) (*time.Location, error) {
 // redactedValue replaces a secret in Redacted.
 const redactedValue = "[redacted]"
 
-// Redacted returns a copy of c for printing: nats.password, nats.token and
-// http.token, when set, are replaced by "[redacted]" (an unset secret stays
-// empty, so the output still tells whether one is configured), and a
-// user information inside nats.url by "[redacted]".
+// Redacted returns a copy of c for printing: nats.password, nats.token,
+// http.token, the agent keys and the platform tokens and secrets, when set,
+// are replaced by "[redacted]" (an unset secret stays empty, so the output
+// still tells whether one is configured), and a user information inside
+// nats.url by "[redacted]".
 func (c Config) Redacted() Config {
 	r := c.clone()
 	r.NATS.URL = broker.RedactURL(r.NATS.URL)
@@ -767,6 +902,14 @@ func (c Config) Redacted() Config {
 			r.Agent.OpenAI.MCPServers[i].Headers = h
 		}
 	}
+	for p, pc := range r.Platforms {
+		for _, s := range []*string{&pc.Token, &pc.WebhookSecret, &pc.SigningSecret, &pc.BotToken, &pc.AppToken} {
+			if *s != "" {
+				*s = redactedValue
+			}
+		}
+		r.Platforms[p] = pc
+	}
 	return r
 }
 
@@ -781,6 +924,7 @@ func (c Config) clone() Config {
 		for p, pc := range c.Platforms {
 			pc.SessionReset = pc.SessionReset.clone()
 			pc.SessionResetByChatType = cloneOverrides(pc.SessionResetByChatType)
+			pc.RequireMention = clonePtr(pc.RequireMention)
 			r.Platforms[p] = pc
 		}
 	}

@@ -766,21 +766,34 @@ func TestKeys(t *testing.T) {
 		}
 	}
 
-	// Every YAML leaf of Config has a key, and every key a YAML leaf.
+	// Every YAML leaf of Config has a key, and every key a YAML leaf. The
+	// adapter settings of one platform (platforms.telegram.token) are keys
+	// of that platform only: they cover the leaf platforms.<platform>.token.
 	leaves := map[string]bool{}
 	yamlLeaves(reflect.TypeFor[config.Config](), "", leaves)
+	generic := map[string]bool{}
+	for p := range seenPath {
+		generic[p] = true
+		if segs := strings.Split(p, "."); len(segs) == 3 && segs[0] == "platforms" && !strings.HasPrefix(segs[1], "<") {
+			generic["platforms.<platform>."+segs[2]] = true
+		}
+	}
 	for p := range leaves {
 		// Lists and tables set in the file only (docs/configuration.md
 		// describes them beside the table).
 		if strings.HasPrefix(p, "agent.openai.mcp_servers") || strings.HasPrefix(p, "agent.openai.prices.") {
 			continue
 		}
-		if !seenPath[p] {
+		if !generic[p] {
 			t.Errorf("YAML key %s has no entry in Keys()", p)
 		}
 	}
 	for p := range seenPath {
-		if !leaves[p] {
+		gp := p
+		if segs := strings.Split(p, "."); len(segs) == 3 && segs[0] == "platforms" {
+			gp = "platforms.<platform>." + segs[2]
+		}
+		if !leaves[gp] {
 			t.Errorf("Keys() entry %s is not a YAML key of Config", p)
 		}
 	}
@@ -917,5 +930,80 @@ func TestNATSURLSecretsNeverShown(t *testing.T) {
 	}
 	if strings.Contains(string(out), "t0ken") || !strings.Contains(string(out), "nats://[redacted]@127.0.0.1:4222") {
 		t.Errorf("redacted YAML:\n%s", out)
+	}
+}
+
+// TestPlatformSettings: a Telegram webhook without a valid secret is refused
+// (the secret never appears in the error), poll mode needs none, Slack
+// needs both of its secrets, and no platform takes another's settings.
+func TestPlatformSettings(t *testing.T) {
+	t.Parallel()
+	env := func(m map[string]string) func(string) (string, bool) {
+		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	}
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		file string
+		want string // substring of the error; "" = valid
+	}{
+		{"webhook without secret", map[string]string{"AGENTFLEET_PLATFORMS_TELEGRAM_TOKEN": "1:abc"}, "", "platforms.telegram.webhook_secret: is empty"},
+		{"webhook with bad secret", map[string]string{"AGENTFLEET_PLATFORMS_TELEGRAM_TOKEN": "1:abc", "AGENTFLEET_PLATFORMS_TELEGRAM_WEBHOOK_SECRET": "sëcret!"}, "", "holds a character"},
+		{"webhook with secret", map[string]string{"AGENTFLEET_PLATFORMS_TELEGRAM_TOKEN": "1:abc", "AGENTFLEET_PLATFORMS_TELEGRAM_WEBHOOK_SECRET": "s3cret_-X"}, "", ""},
+		{"poll without secret", map[string]string{"AGENTFLEET_PLATFORMS_TELEGRAM_TOKEN": "1:abc", "AGENTFLEET_PLATFORMS_TELEGRAM_MODE": "poll"}, "", ""},
+		{"bad mode", map[string]string{"AGENTFLEET_PLATFORMS_TELEGRAM_MODE": "push"}, "", `"push" is not one of webhook, poll`},
+		{"bad api base", map[string]string{"AGENTFLEET_PLATFORMS_TELEGRAM_API_BASE": "ftp://x"}, "", "is not an http or https URL"},
+		{"slack without bot token", map[string]string{"AGENTFLEET_PLATFORMS_SLACK_SIGNING_SECRET": "abc"}, "", "platforms.slack.bot_token: is empty"},
+		{"slack complete", map[string]string{"AGENTFLEET_PLATFORMS_SLACK_SIGNING_SECRET": "abc", "AGENTFLEET_PLATFORMS_SLACK_BOT_TOKEN": "xoxb-1"}, "", ""},
+		{"socket mode complete", map[string]string{"AGENTFLEET_PLATFORMS_SLACK_MODE": "socket", "AGENTFLEET_PLATFORMS_SLACK_APP_TOKEN": "xapp-1", "AGENTFLEET_PLATFORMS_SLACK_BOT_TOKEN": "xoxb-1"}, "", ""},
+		{"socket mode without app token", map[string]string{"AGENTFLEET_PLATFORMS_SLACK_MODE": "socket", "AGENTFLEET_PLATFORMS_SLACK_BOT_TOKEN": "xoxb-1"}, "", "platforms.slack.app_token: is empty"},
+		{"slack mode of telegram", map[string]string{"AGENTFLEET_PLATFORMS_SLACK_MODE": "poll"}, "", `"poll" is not one of events, socket`},
+		{"foreign setting", nil, "platforms:\n  discord:\n    token: x\n  telegram:\n    signing_secret: y\n", "platforms.discord.token: is not a setting of platform discord"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			path := ""
+			if tc.file != "" {
+				path = filepath.Join(t.TempDir(), "c.yaml")
+				if err := os.WriteFile(path, []byte(tc.file), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c, err := config.Load(path, env(tc.env))
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Load: %v", err)
+				}
+				if c.Telegram().Token != "" && c.Telegram().APIBase != config.DefaultTelegramAPIBase {
+					t.Errorf("api_base default = %q", c.Telegram().APIBase)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Load error = %v, want it to contain %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "sëcret") {
+				t.Errorf("the error quotes the secret: %v", err)
+			}
+		})
+	}
+	c := config.Default()
+	for k, v := range map[string]string{"platforms.telegram.token": "1:tok", "platforms.slack.bot_token": "xoxb-t", "platforms.slack.signing_secret": "sig"} {
+		if err := c.Set(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := c.Redacted()
+	if r.Platforms["telegram"].Token != "[redacted]" || r.Platforms["slack"].BotToken != "[redacted]" || r.Platforms["slack"].SigningSecret != "[redacted]" {
+		t.Errorf("Redacted() left a platform secret: %+v", r.Platforms)
+	}
+	if c.Platforms["telegram"].Token != "1:tok" {
+		t.Error("Redacted() changed the original")
+	}
+	if got := c.ConnectedPlatforms(); len(got) != 3 {
+		t.Errorf("ConnectedPlatforms() = %v, want http, telegram, slack", got)
+	}
+	if !c.Slack().RequireMention {
+		t.Error("require_mention defaults to true")
 	}
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -353,6 +354,15 @@ func buildKeys() []key {
 		field("delivery.backoff",
 			"Delay before the first retry of a failed reply delivery; it doubles per attempt up to 5s (or the backoff itself, if longer). Delivery retries until it succeeds: a reply is never dropped because its store was briefly unavailable. Positive.",
 			func(c *Config) *Duration { return &c.Delivery.Backoff }, minDuration(time.Millisecond)),
+		field("delivery.max_attempts",
+			"Failed sends of one reply after which a chat-platform delivery (Telegram, Slack) gives it up and records a `delivery_failed` event (`fleetctl delivery failures`). Rate-limit answers do not count. At least 1.",
+			func(c *Config) *int { return &c.Delivery.MaxAttempts }, minInt(1)),
+		field("delivery.max_age",
+			"Age of a reply after which a chat-platform delivery gives it up at its next failed send. Positive.",
+			func(c *Config) *Duration { return &c.Delivery.MaxAge }, minDuration(time.Millisecond)),
+	)
+	ks = append(ks, platformKeys()...)
+	ks = append(ks,
 		field("telemetry.log_level",
 			"Minimum level logged: debug, info, warn or error.",
 			func(c *Config) *string { return &c.Telemetry.LogLevel }, oneOf("debug", "info", "warn", "error")),
@@ -371,6 +381,96 @@ func buildKeys() []key {
 		}
 	}
 	return ks
+}
+
+// platformString is a string setting of one platform, stored in
+// Config.Platforms[p]; an unset value reads as def.
+func platformString(p session.Platform, name, def, desc string, f func(*PlatformConfig) *string, check func(any) string) key {
+	return key{
+		path: "platforms." + string(p) + "." + name, kind: kindString, desc: desc, check: check, def: def,
+		get: func(c *Config, _ []string) (any, bool) {
+			pc := c.Platforms[p]
+			if v := *f(&pc); v != "" {
+				return v, true
+			}
+			return def, true
+		},
+		set: func(c *Config, _ []string, v any) {
+			val := v.(string)
+			if val == def {
+				val = "" // the default is stored as unset
+			}
+			pc := c.Platforms[p]
+			*f(&pc) = val
+			storePlatform(c, p, pc)
+		},
+	}
+}
+
+// storePlatform stores pc as the settings of p; settings with nothing set
+// leave no entry behind.
+func storePlatform(c *Config, p session.Platform, pc PlatformConfig) {
+	if reflect.ValueOf(pc).IsZero() {
+		if _, ok := c.Platforms[p]; !ok {
+			return
+		}
+	}
+	if c.Platforms == nil {
+		c.Platforms = map[session.Platform]PlatformConfig{}
+	}
+	c.Platforms[p] = pc
+}
+
+// platformKeys are the adapter settings of the chat platforms.
+func platformKeys() []key {
+	tg, sl := session.PlatformTelegram, session.PlatformSlack
+	return []key{
+		platformString(tg, "token", "",
+			"Telegram bot token from @BotFather. Setting it turns the Telegram adapter on (secret: redacted when printed).",
+			func(pc *PlatformConfig) *string { return &pc.Token }, nil),
+		platformString(tg, "webhook_secret", "",
+			"Secret Telegram sends in `X-Telegram-Bot-Api-Secret-Token` with every webhook request (the `secret_token` of setWebhook): 1 to 256 of `A-Z a-z 0-9 _ -`. Required in webhook mode (secret: redacted when printed).",
+			func(pc *PlatformConfig) *string { return &pc.WebhookSecret }, nil),
+		platformString(tg, "mode", TelegramModeWebhook,
+			"How Telegram updates arrive: `webhook` (POST /webhooks/telegram) or `poll` (getUpdates long polling, one poller per bot across the fleet).",
+			func(pc *PlatformConfig) *string { return &pc.Mode }, oneOf(TelegramModeWebhook, TelegramModePoll)),
+		platformString(tg, "api_base", DefaultTelegramAPIBase,
+			"Base URL of the Telegram Bot API (tests point it at a local server).",
+			func(pc *PlatformConfig) *string { return &pc.APIBase }, checkHTTPURL),
+		platformString(sl, "signing_secret", "",
+			"Slack app signing secret, to verify the `v0` signature of every Events API request. Setting it turns the Slack adapter on (secret: redacted when printed).",
+			func(pc *PlatformConfig) *string { return &pc.SigningSecret }, nil),
+		platformString(sl, "bot_token", "",
+			"Slack bot token (`xoxb-...`) for chat.postMessage. Required with `signing_secret` (secret: redacted when printed).",
+			func(pc *PlatformConfig) *string { return &pc.BotToken }, nil),
+		platformString(sl, "app_token", "",
+			"Slack app-level token (`xapp-...`, scope `connections:write`) for Socket Mode. Required with `mode: socket` (secret: redacted when printed).",
+			func(pc *PlatformConfig) *string { return &pc.AppToken }, nil),
+		platformString(sl, "mode", SlackModeEvents,
+			"How Slack events arrive: `events` (Events API, POST /webhooks/slack) or `socket` (Socket Mode, one connection per app across the fleet; no public URL needed).",
+			func(pc *PlatformConfig) *string { return &pc.Mode }, oneOf(SlackModeEvents, SlackModeSocket)),
+		platformString(sl, "api_base", DefaultSlackAPIBase,
+			"Base URL of the Slack Web API (tests point it at a local server).",
+			func(pc *PlatformConfig) *string { return &pc.APIBase }, checkHTTPURL),
+		{
+			path: "platforms.slack.require_mention", kind: kindBool, def: "true",
+			desc: "Channel messages (threads included) reach the agent only when they mention the app; DMs always do. false: every channel message the app receives.",
+			get: func(c *Config, _ []string) (any, bool) {
+				if m := c.Platforms[sl].RequireMention; m != nil {
+					return *m, true
+				}
+				return true, true
+			},
+			set: func(c *Config, _ []string, v any) {
+				pc := c.Platforms[sl]
+				pc.RequireMention = nil // true is the default
+				if b := v.(bool); !b {
+					pc.RequireMention = &b
+				}
+				storePlatform(c, sl, pc)
+			},
+		},
+	}
 }
 
 // overridePlace is a location of a partial reset policy.

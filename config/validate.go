@@ -130,6 +130,7 @@ func (c *Config) Validate() error {
 			add("nats.tls.cert", "", fmt.Sprintf("is empty but nats.tls.key is %q; set both or neither", c.NATS.TLS.Key))
 		}
 	}
+	errs = append(errs, c.validatePlatforms()...)
 	return errors.Join(errs...)
 }
 
@@ -145,6 +146,86 @@ func checkNotifyExclude(v any) string {
 			continue
 		}
 		return fmt.Sprintf("%q is not a known platform (%s, or %s)", name, platformNames(), strings.Join(seedOnlyPlatforms, ", "))
+	}
+	return ""
+}
+
+// validatePlatforms checks the adapter settings: a Telegram webhook needs a
+// valid secret, Slack needs both its secrets, and no platform carries
+// another's settings. Secrets are never quoted.
+func (c *Config) validatePlatforms() []error {
+	var errs []error
+	add := func(field, value, reason string) {
+		errs = append(errs, &FieldError{Field: field, Value: value, Reason: reason})
+	}
+	tg := c.Telegram()
+	if tg.Token != "" && tg.Mode == TelegramModeWebhook {
+		if r := webhookSecretProblem(tg.WebhookSecret); r != "" {
+			add("platforms.telegram.webhook_secret", redactedValue, r)
+		}
+	}
+	sl := c.Slack()
+	switch {
+	case sl.Mode == SlackModeSocket:
+		if sl.AppToken == "" {
+			add("platforms.slack.app_token", "", "is empty but platforms.slack.mode is socket; Socket Mode needs an app-level token")
+		}
+		if sl.BotToken == "" {
+			add("platforms.slack.bot_token", "", "is empty but platforms.slack.mode is socket; replies need it")
+		}
+	case (sl.SigningSecret == "") != (sl.BotToken == ""):
+		if sl.SigningSecret == "" {
+			add("platforms.slack.signing_secret", "", "is empty but platforms.slack.bot_token is set; the Events API needs both")
+		} else {
+			add("platforms.slack.bot_token", "", "is empty but platforms.slack.signing_secret is set; replies need both")
+		}
+	}
+	for _, p := range sortedKeys(c.Platforms) {
+		pc := c.Platforms[p]
+		var foreign []string
+		if p != session.PlatformTelegram {
+			for name, set := range map[string]bool{"token": pc.Token != "", "webhook_secret": pc.WebhookSecret != ""} {
+				if set {
+					foreign = append(foreign, name)
+				}
+			}
+		}
+		if p != session.PlatformSlack {
+			for name, set := range map[string]bool{"signing_secret": pc.SigningSecret != "", "bot_token": pc.BotToken != "", "app_token": pc.AppToken != "", "require_mention": pc.RequireMention != nil} {
+				if set {
+					foreign = append(foreign, name)
+				}
+			}
+		}
+		if p != session.PlatformTelegram && p != session.PlatformSlack {
+			if pc.APIBase != "" {
+				foreign = append(foreign, "api_base")
+			}
+			if pc.Mode != "" {
+				foreign = append(foreign, "mode")
+			}
+		}
+		slices.Sort(foreign)
+		for _, name := range foreign {
+			add("platforms."+string(p)+"."+name, "", fmt.Sprintf("is not a setting of platform %s", p))
+		}
+	}
+	return errs
+}
+
+// webhookSecretProblem says what is wrong with a Telegram webhook secret
+// (setWebhook's rule: 1 to 256 of A-Z a-z 0-9 _ -), without quoting it.
+func webhookSecretProblem(s string) string {
+	if s == "" {
+		return "is empty: a Telegram webhook without a secret would take updates from anyone; set it (and pass it as secret_token to setWebhook) or use mode poll"
+	}
+	if len(s) > 256 {
+		return fmt.Sprintf("is %d characters long; Telegram allows 1 to 256", len(s))
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return "holds a character other than A-Z, a-z, 0-9, _ and -"
+		}
 	}
 	return ""
 }

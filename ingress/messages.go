@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -283,52 +284,34 @@ func (s *Server) buildInbound(req *messageRequest, now time.Time) (*inboxMessage
 		return nil, badRequest("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
 
-	key := session.BuildSessionKey(src, s.cfg.KeyOptions)
-	lane := session.LaneToken(key)
-	kind, command, args := session.Classify(req.Text)
-	text := req.Text
-	if kind == session.KindQueue {
-		if strings.TrimSpace(args) == "" {
-			return nil, badRequest("/%s needs the text to queue, as in \"/%s <text>\"", command, command)
-		}
-		text = args
-	}
-	m := &inboxMessage{
-		inbound: session.Inbound{
-			Source:     src,
-			SessionKey: key,
-			Kind:       kind,
-			Text:       text,
-			Command:    command,
-			Args:       args,
-			ReceivedAt: now,
-		},
-		lane:    lane,
-		subject: s.names.InboxSubject(session.Partition(s.names.Prefix(), lane), lane),
-	}
+	var pmid string
 	if req.MessageID != "" {
-		m.inbound.PlatformMsgID = platformMsgID(platform, req.ChatID, req.MessageID)
-		m.msgID = m.inbound.PlatformMsgID
-	} else {
-		m.msgID = randomID()
+		pmid = platformMsgID(platform, req.ChatID, req.MessageID)
 	}
-	return m, nil
+	return s.newInbound(src, req.Text, pmid, now)
 }
 
 // accept publishes m unless it is a known duplicate, and answers only once
 // the inbox holds it.
 func (s *Server) accept(r *http.Request, m *inboxMessage) (*acceptResponse, *apiError) {
+	return s.acceptCtx(r.Context(), m)
+}
+
+// acceptCtx is accept for a caller without a request (a platform adapter's
+// poll loop); ctx only carries values and logging, never a cancellation of
+// a write that has started.
+func (s *Server) acceptCtx(rctx context.Context, m *inboxMessage) (*acceptResponse, *apiError) {
 	key := m.inbound.SessionKey
 	pmid := m.inbound.PlatformMsgID
 	var corrupt bool
 	if pmid != "" {
 		// A retry beyond the stream's de-duplication window is caught here.
-		seq, found, bad, err := s.lookupMsgID(r, pmid)
+		seq, found, bad, err := s.lookupMsgID(rctx, pmid)
 		if err != nil {
 			return nil, unavailable("cannot check the message id for duplicates; retry", err)
 		}
 		if found {
-			return &acceptResponse{SessionKey: s.keyAt(r, seq, key), Seq: seq, Duplicate: true}, nil
+			return &acceptResponse{SessionKey: s.keyAt(rctx, seq, key), Seq: seq, Duplicate: true}, nil
 		}
 		corrupt = bad
 	}
@@ -337,7 +320,7 @@ func (s *Server) accept(r *http.Request, m *inboxMessage) (*acceptResponse, *api
 	if e != nil {
 		return nil, e
 	}
-	ctx, cancel := s.opContext(r)
+	ctx, cancel := s.opCtx(rctx)
 	ack, err := s.js.PublishMsg(ctx, msg,
 		jetstream.WithMsgID(m.msgID),
 		jetstream.WithExpectStream(s.names.InboxStream()))
@@ -350,14 +333,14 @@ func (s *Server) accept(r *http.Request, m *inboxMessage) (*acceptResponse, *api
 	}
 	resp := &acceptResponse{SessionKey: key, Seq: ack.Sequence, Duplicate: ack.Duplicate}
 	if ack.Duplicate {
-		resp.SessionKey = s.keyAt(r, ack.Sequence, key)
+		resp.SessionKey = s.keyAt(rctx, ack.Sequence, key)
 	}
 	if pmid == "" {
 		return resp, nil
 	}
 	// Remember the id past the stream's window. On a stream duplicate this
 	// repairs a record an earlier attempt may have missed.
-	ctx, cancel = s.opContext(r)
+	ctx, cancel = s.opCtx(rctx)
 	owner := ack.Sequence
 	if corrupt {
 		_, err = s.res.MsgIDs.Put(ctx, s.msgIDs.Key(pmid), []byte(strconv.FormatUint(ack.Sequence, 10)))
@@ -374,7 +357,7 @@ func (s *Server) accept(r *http.Request, m *inboxMessage) (*acceptResponse, *api
 		// The id was incorporated earlier under another seq (beyond the
 		// stream window); the worker treats this copy as a duplicate.
 		resp.Seq, resp.Duplicate = owner, true
-		resp.SessionKey = s.keyAt(r, owner, key)
+		resp.SessionKey = s.keyAt(rctx, owner, key)
 	}
 	return resp, nil
 }
@@ -383,8 +366,8 @@ func (s *Server) accept(r *http.Request, m *inboxMessage) (*acceptResponse, *api
 // answer: a retry that reused a message id with another thread or user
 // derives another key, but the message that holds the id went to the first
 // one, and that is where its replies are. fallback when it cannot be read.
-func (s *Server) keyAt(r *http.Request, seq uint64, fallback string) string {
-	ctx, cancel := s.opContext(r)
+func (s *Server) keyAt(rctx context.Context, seq uint64, fallback string) string {
+	ctx, cancel := s.opCtx(rctx)
 	defer cancel()
 	raw, err := s.res.Inbox.GetMsg(ctx, seq)
 	if err != nil {
@@ -444,8 +427,8 @@ func (s *Server) maxPayload() int64 {
 // lookupMsgID returns the inbox seq recorded for pmid, if any. A record
 // that is not a seq says nothing (corrupt): the stream's Msg-Id window
 // decides, and the caller overwrites it.
-func (s *Server) lookupMsgID(r *http.Request, pmid string) (seq uint64, found, corrupt bool, err error) {
-	ctx, cancel := s.opContext(r)
+func (s *Server) lookupMsgID(rctx context.Context, pmid string) (seq uint64, found, corrupt bool, err error) {
+	ctx, cancel := s.opCtx(rctx)
 	defer cancel()
 	e, err := s.res.MsgIDs.Get(ctx, s.msgIDs.Key(pmid))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -456,7 +439,7 @@ func (s *Server) lookupMsgID(r *http.Request, pmid string) (seq uint64, found, c
 	}
 	seq, err = strconv.ParseUint(string(e.Value()), 10, 64)
 	if err != nil {
-		s.log.LogAttrs(r.Context(), slog.LevelWarn, "replacing unreadable msgids record",
+		s.log.LogAttrs(rctx, slog.LevelWarn, "replacing unreadable msgids record",
 			slog.String("platform_msg_id", pmid), slog.String("value", string(e.Value())))
 		return 0, false, true, nil
 	}

@@ -396,7 +396,18 @@ func (s *Server) probeStore(r *http.Request) error {
 // not cancelled when the client goes away: a publish the server has started
 // completes (and is recorded) so a retry finds it.
 func (s *Server) opContext(r *http.Request) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.PublishTimeout)
+	return s.opCtx(r.Context())
+}
+
+// opCtx is opContext for a context that is not a request's. A deadline of
+// ctx that comes before PublishTimeout bounds the operation instead (a
+// platform that wants its answer within 3 s), but its cancellation does not.
+func (s *Server) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	timeout := s.cfg.PublishTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = max(min(timeout, time.Until(dl)), time.Millisecond)
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), timeout)
 }
 
 // streamContext is the context of a long poll or an event stream: it ends

@@ -20,8 +20,11 @@ type Inbound struct {
 	Command string `json:"command,omitempty"`
 	Args    string `json:"args,omitempty"`
 	// PlatformMsgID is platform + chat + message id, when the platform gave one.
-	PlatformMsgID string    `json:"platform_msg_id,omitempty"`
-	ReceivedAt    time.Time `json:"received_at"`
+	PlatformMsgID string `json:"platform_msg_id,omitempty"`
+	// ReplyTo is the platform id of the message this one replies to, when
+	// the user replied to one.
+	ReplyTo    string    `json:"reply_to,omitempty"`
+	ReceivedAt time.Time `json:"received_at"`
 }
 
 // Reply is one outbound reply or notice, derived from a transcript entry.

@@ -43,7 +43,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error (telemetry.log_level)"},
 			&cli.StringFlag{Name: "log-format", Usage: "text or json (telemetry.log_format)"},
 		},
-		Commands: []*cli.Command{upCommand(), natsCommand(), workerCommand(), ingressCommand(), benchCommand(), configCommand(), healthCommand(), cliutil.CompletionCommand()},
+		Commands: []*cli.Command{upCommand(), natsCommand(), workerCommand(), ingressCommand(), chatCommand(), benchCommand(), configCommand(), healthCommand(), cliutil.CompletionCommand()},
 	}
 }
 

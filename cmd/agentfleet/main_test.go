@@ -165,3 +165,17 @@ func TestFlagsInAnyPosition(t *testing.T) {
 		}
 	}
 }
+
+func TestLocalURL(t *testing.T) {
+	for addr, want := range map[string]string{
+		":8080":          "http://127.0.0.1:8080",
+		"0.0.0.0:9000":   "http://127.0.0.1:9000",
+		"[::]:9000":      "http://127.0.0.1:9000",
+		"10.1.2.3:8080":  "http://10.1.2.3:8080",
+		"localhost:1234": "http://localhost:1234",
+	} {
+		if got := localURL(addr); got != want {
+			t.Errorf("localURL(%q) = %q, want %q", addr, got, want)
+		}
+	}
+}

@@ -208,12 +208,18 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 	if err := del.Start(ctx); err != nil {
 		return nil, err
 	}
+	plats, err := rt.startPlatforms(ctx, js, res, srv.Publisher(), wg)
+	if err != nil {
+		del.Stop()
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		del.Stop()
+		plats.stop()
 		return nil, fmt.Errorf("http listen %s: %w", addr, err)
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	hs := &http.Server{Handler: plats.handler(srv.Handler()), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	rt.log.Info("http listening", "addr", ln.Addr().String())
 	wg.Add(1)
 	go func() {
@@ -234,6 +240,7 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 		srv.Close()
 		_ = hs.Shutdown(sctx)
 		del.Stop()
+		plats.stop()
 	}()
 	return hs, nil
 }

@@ -505,6 +505,7 @@ func TestFlagsInAnyPosition(t *testing.T) {
 		{[]string{"worker", "info"}, []string{"live-1"}, []string{"--json"}},
 		{[]string{"transcript"}, []string{key}, []string{"--all", "--json"}},
 		{[]string{"dlq", "ls"}, []string{key}, []string{"--json"}},
+		{[]string{"delivery", "failures"}, nil, []string{"--platform", "telegram", "--since", "1h", "--json"}},
 		{[]string{"events", "tail"}, nil, []string{"--all", "--kind", "turn", "--count", "1", "--json"}},
 		{[]string{"stream", "report"}, nil, []string{"--json"}},
 		{[]string{"config", "show"}, nil, []string{"--json"}},

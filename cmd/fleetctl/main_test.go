@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/ingress"
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/test/natstest"
@@ -284,5 +285,50 @@ func TestHumanOutputEscapesTerminalControls(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(out), &doc); err != nil || len(doc.Entries) != 1 || doc.Entries[0].Content != evil {
 		t.Fatalf("--json is not exact: %v %+v", err, doc)
+	}
+}
+
+// TestDeliveryFailures: the delivery_failed events of the events stream are
+// listed, filtered by platform, as a table and as one JSON document.
+func TestDeliveryFailures(t *testing.T) {
+	ns := natstest.RunServer(t)
+	nc := ns.Connect(t)
+	js := natstest.JetStream(t, nc)
+	names := broker.MustNames("fleet")
+	if _, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names}); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range []session.Platform{session.PlatformTelegram, session.PlatformSlack} {
+		f := ingress.DeliveryFailure{Platform: p, ReplyID: fmt.Sprintf("sid:%d", i), SessionKey: "agent:main:" + string(p) + ":dm:1",
+			Attempts: 8, Chunks: 2, SentChunks: 1, Error: "outcome unknown: 502", FailedAt: time.Now().UTC()}
+		data, _ := json.Marshal(f)
+		if _, err := js.Publish(t.Context(), names.EventSubject(broker.DeliveryFailedKind, "agent.main.x.dm.1"), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("NATS_URL", ns.URL())
+	out, err := runCtl(t, "delivery", "failures")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "sid:0") || !strings.Contains(out, "sid:1") || !strings.Contains(out, "1/2") || !strings.Contains(out, "outcome unknown: 502") {
+		t.Fatalf("table:\n%s", out)
+	}
+	out, err = runCtl(t, "delivery", "failures", "--json", "--platform", "slack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Failures []DeliveryFailureView `json:"failures"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(doc.Failures) != 1 || doc.Failures[0].ReplyID != "sid:1" || doc.Failures[0].Seq == 0 {
+		t.Fatalf("--platform slack: %+v", doc.Failures)
+	}
+	out, err = runCtl(t, "delivery", "failures", "--json", "--since", "1h")
+	if err != nil || !strings.Contains(out, "sid:0") {
+		t.Fatalf("--since 1h: %v\n%s", err, out)
 	}
 }

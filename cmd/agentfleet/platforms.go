@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/config"
+	"github.com/agentfleet/agentfleet/ingress"
+	"github.com/agentfleet/agentfleet/ingress/slack"
+	"github.com/agentfleet/agentfleet/ingress/telegram"
+)
+
+// platforms are the chat-platform adapters a process runs.
+type platforms struct {
+	// routes are the webhook handlers, by path.
+	routes     map[string]http.Handler
+	deliveries []*ingress.PlatformDelivery
+}
+
+// stop stops the delivery consumers (the poll loops end with ctx).
+func (p *platforms) stop() {
+	for _, d := range p.deliveries {
+		d.Stop()
+	}
+}
+
+// handler serves the webhooks beside next (the HTTP adapter).
+func (p *platforms) handler(next http.Handler) http.Handler {
+	if len(p.routes) == 0 {
+		return next
+	}
+	mux := http.NewServeMux()
+	for path, h := range p.routes {
+		mux.Handle(path, h) // the adapter answers 405 to other methods
+	}
+	mux.Handle("/", next)
+	return mux
+}
+
+// startPlatforms starts what the configuration turns on: for Telegram the
+// webhook route or the poll loop (one per bot across the fleet, under a
+// singleton lease), for Slack the Events API route and/or the Socket Mode
+// connection (one per app, under a singleton lease), and each platform's
+// delivery consumer.
+func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, res *broker.Resources, pub *ingress.Publisher, wg *sync.WaitGroup) (*platforms, error) {
+	p := &platforms{routes: map[string]http.Handler{}}
+	tg := rt.cfg.Telegram()
+	if tg.Token != "" {
+		a, err := telegram.New(pub, telegram.Config{Token: tg.Token, WebhookSecret: tg.WebhookSecret, APIBase: tg.APIBase,
+			MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), Logger: rt.log})
+		if err != nil {
+			return nil, err
+		}
+		switch tg.Mode {
+		case config.TelegramModePoll:
+			s, err := ingress.NewSingleton(js, res, ingress.SingletonConfig{Names: rt.names, Kind: "telegram_poll",
+				ID: ingress.TokenID(tg.Token), Logger: rt.log})
+			if err != nil {
+				return nil, err
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_ = s.Run(ctx, a.Poll)
+			}()
+			rt.log.Info("telegram polling enabled", "lease", s.Key())
+		default:
+			h, err := a.WebhookHandler()
+			if err != nil {
+				return nil, fmt.Errorf("platforms.telegram: %w", err)
+			}
+			p.routes["/webhooks/telegram"] = h
+			rt.log.Info("telegram webhook enabled", "path", "/webhooks/telegram")
+		}
+		cfg := telegram.DeliveryConfig(a.Sender())
+		if err := p.startDelivery(ctx, rt, js, res, cfg); err != nil {
+			p.stop()
+			return nil, err
+		}
+	}
+	sl := rt.cfg.Slack()
+	if sl.Enabled() {
+		a, err := slack.New(pub, slack.Config{SigningSecret: sl.SigningSecret, BotToken: sl.BotToken, APIBase: sl.APIBase,
+			RequireMention: sl.RequireMention, MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), Logger: rt.log})
+		if err != nil {
+			p.stop()
+			return nil, fmt.Errorf("platforms.slack: %w", err)
+		}
+		if sl.SigningSecret != "" {
+			h, err := a.Handler()
+			if err != nil {
+				p.stop()
+				return nil, err
+			}
+			p.routes["/webhooks/slack"] = h
+			rt.log.Info("slack events endpoint enabled", "path", "/webhooks/slack")
+		}
+		if sl.Mode == config.SlackModeSocket {
+			s, err := ingress.NewSingleton(js, res, ingress.SingletonConfig{Names: rt.names, Kind: "slack_socket",
+				ID: ingress.TokenID(sl.AppToken), Logger: rt.log})
+			if err != nil {
+				p.stop()
+				return nil, err
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_ = s.Run(ctx, func(ctx context.Context) error { return a.SocketMode(ctx, sl.AppToken) })
+			}()
+			rt.log.Info("slack socket mode enabled", "lease", s.Key())
+		}
+		if err := p.startDelivery(ctx, rt, js, res, slack.DeliveryConfig(a.Sender())); err != nil {
+			p.stop()
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func (p *platforms) startDelivery(ctx context.Context, rt *runtime, js jetstream.JetStream, res *broker.Resources, cfg ingress.PlatformDeliveryConfig) error {
+	cfg.Names = rt.names
+	cfg.Logger = rt.log
+	cfg.Backoff = rt.cfg.Delivery.Backoff.Duration()
+	cfg.MaxAttempts = rt.cfg.Delivery.MaxAttempts
+	cfg.MaxAge = rt.cfg.Delivery.MaxAge.Duration()
+	d, err := ingress.NewPlatformDelivery(js, res, cfg)
+	if err != nil {
+		return err
+	}
+	if err := d.Start(ctx); err != nil {
+		return err
+	}
+	p.deliveries = append(p.deliveries, d)
+	return nil
+}

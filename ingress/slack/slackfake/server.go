@@ -1,0 +1,191 @@
+// Package slackfake is a local stand-in for the Slack Web API, for tests:
+// chat.postMessage (recording what was posted, and answering with scripted
+// failures as Slack does: 429 with Retry-After, 5xx, {"ok": false, "error"}),
+// auth.test, and Socket Mode (apps.connections.open and the WebSocket, with
+// hello, events_api envelopes, acknowledgements and redelivery of what a
+// closed connection left unacknowledged). It also signs Events API requests
+// the way Slack does.
+package slackfake
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// BotToken is the token the server accepts.
+const BotToken = "xoxb-test-token"
+
+// BotUserID is the app's bot user, as auth.test answers.
+const BotUserID = "U0BOT00001"
+
+// Posted is one chat.postMessage call.
+type Posted struct {
+	Channel, Text, ThreadTS string
+	At                      time.Time
+}
+
+// Failure is a scripted answer to the next chat.postMessage call.
+type Failure struct {
+	// Status is the HTTP status (429, 500...); 200 with Error set answers
+	// {"ok": false, "error": Error}.
+	Status int
+	// RetryAfter is the Retry-After header in seconds (429).
+	RetryAfter int
+	Error      string
+}
+
+// Server is the fake Web API.
+type Server struct {
+	*httptest.Server
+
+	mu       sync.Mutex
+	posted   []Posted
+	attempts []Posted
+	failures []Failure
+	ts       int
+
+	// Socket Mode.
+	envelopes []*envelope
+	sockets   []*socketConn
+	conns     int
+	acks      int
+}
+
+// New starts a server, closed when the test ends.
+func New(t interface{ Cleanup(func()) }) *Server {
+	s := &Server{}
+	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// APIBase is the URL to configure as platforms.slack.api_base.
+func (s *Server) APIBase() string { return s.URL + "/api/" }
+
+// FailNext scripts the answers to the next chat.postMessage calls.
+func (s *Server) FailNext(f ...Failure) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failures = append(s.failures, f...)
+}
+
+// Posted returns the messages posted so far.
+func (s *Server) Posted() []Posted {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Posted(nil), s.posted...)
+}
+
+// Attempts returns every chat.postMessage call, failed ones included.
+func (s *Server) Attempts() []Posted {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Posted(nil), s.attempts...)
+}
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/api/apps.connections.open":
+		s.connectionsOpen(w, r)
+		return
+	case "/socket":
+		s.socket(w, r)
+		return
+	}
+	if err := r.ParseForm(); err != nil {
+		reply(w, http.StatusOK, map[string]any{"ok": false, "error": "invalid_form_data"})
+		return
+	}
+	token := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if token == "" {
+		token = r.Form.Get("token")
+	}
+	if token != BotToken {
+		reply(w, http.StatusOK, map[string]any{"ok": false, "error": "invalid_auth"})
+		return
+	}
+	switch strings.TrimPrefix(r.URL.Path, "/api/") {
+	case "auth.test":
+		reply(w, http.StatusOK, map[string]any{"ok": true, "url": "https://fleet.slack.com/", "team": "Fleet", "user": "fleet",
+			"team_id": "T061EG9R6", "user_id": BotUserID, "bot_id": "B0BOT00001"})
+	case "chat.postMessage":
+		s.postMessage(w, r)
+	default:
+		reply(w, http.StatusOK, map[string]any{"ok": false, "error": "unknown_method"})
+	}
+}
+
+func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
+	p := Posted{Channel: r.Form.Get("channel"), Text: r.Form.Get("text"), ThreadTS: r.Form.Get("thread_ts"), At: time.Now()}
+	s.mu.Lock()
+	s.attempts = append(s.attempts, p)
+	var f *Failure
+	if len(s.failures) > 0 {
+		f = &s.failures[0]
+		s.failures = s.failures[1:]
+	}
+	switch {
+	case p.Channel == "":
+		s.mu.Unlock()
+		reply(w, http.StatusOK, map[string]any{"ok": false, "error": "channel_not_found"})
+		return
+	case p.Text == "":
+		s.mu.Unlock()
+		reply(w, http.StatusOK, map[string]any{"ok": false, "error": "no_text"})
+		return
+	case f != nil:
+		s.mu.Unlock()
+		if f.RetryAfter > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(f.RetryAfter))
+		}
+		status := f.Status
+		if status == 0 {
+			status = http.StatusOK
+		}
+		if status != http.StatusOK {
+			// Slack sends HTML with 5xx; the client does not parse it.
+			w.Header().Set("Content-Type", "text/html")
+			w.WriteHeader(status)
+			_, _ = fmt.Fprintf(w, "<html><body>%d</body></html>", status)
+			return
+		}
+		reply(w, http.StatusOK, map[string]any{"ok": false, "error": f.Error})
+		return
+	}
+	s.posted = append(s.posted, p)
+	s.ts++
+	ts := fmt.Sprintf("%d.%06d", time.Now().Unix(), s.ts)
+	s.mu.Unlock()
+	reply(w, http.StatusOK, map[string]any{"ok": true, "channel": p.Channel, "ts": ts,
+		"message": map[string]any{"type": "message", "text": p.Text, "user": BotUserID, "bot_id": "B0BOT00001", "ts": ts}})
+}
+
+// Sign returns the headers Slack sends with body at time at, signed with
+// secret: X-Slack-Request-Timestamp and X-Slack-Signature (v0).
+func Sign(secret string, at time.Time, body []byte) http.Header {
+	ts := strconv.FormatInt(at.Unix(), 10)
+	mac := hmac.New(sha256.New, []byte(secret))
+	_, _ = fmt.Fprintf(mac, "v0:%s:", ts)
+	_, _ = mac.Write(body)
+	h := http.Header{}
+	h.Set("X-Slack-Request-Timestamp", ts)
+	h.Set("X-Slack-Signature", "v0="+hex.EncodeToString(mac.Sum(nil)))
+	h.Set("Content-Type", "application/json")
+	return h
+}
+
+func reply(w http.ResponseWriter, status int, body any) {
+	data, _ := json.Marshal(body)
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(data)
+}
