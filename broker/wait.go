@@ -141,8 +141,14 @@ func RedactURL(urls string) string {
 		}
 		u, err := url.Parse(raw)
 		if err != nil {
-			if strings.Contains(p, "@") {
-				parts[i] = "[redacted]@" + p[strings.LastIndex(p, "@")+1:]
+			// Keep the scheme: an already redacted URL (its "[redacted]"
+			// user does not parse) comes out the same.
+			if at := strings.LastIndex(p, "@"); at >= 0 {
+				scheme := ""
+				if k := strings.Index(p, "://"); k >= 0 && k < at {
+					scheme = p[:k+3]
+				}
+				parts[i] = scheme + "[redacted]@" + p[at+1:]
 			}
 			continue
 		}

@@ -216,6 +216,7 @@ func TestRedactURL(t *testing.T) {
 		"nats://127.0.0.1:4222":           "nats://127.0.0.1:4222",
 		"nats://u:p@h:4222":               "nats://[redacted]@h:4222",
 		"tls://tok@h:4222,nats://h2:4222": "tls://[redacted]@h:4222,nats://h2:4222",
+		"nats://[redacted]@h:4222":        "nats://[redacted]@h:4222", // idempotent
 		"u:p@h:4222":                      "[redacted]@h:4222",
 		"":                                "",
 		"nats://a:b@x:1, nats://c@y:2":    "nats://[redacted]@x:1,nats://[redacted]@y:2",
