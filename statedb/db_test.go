@@ -171,11 +171,11 @@ func TestSearchCJKAndSubstring(t *testing.T) {
 	mustAppend(t, db, statedb.NewMessage{SessionID: "s", Role: "user", Content: "the quick brown fox jumps"})
 	mustAppend(t, db, statedb.NewMessage{SessionID: "s", Role: "user", Content: "서울에서 만나요"})
 	for q, want := range map[string]string{
-		"部署一个":  "我想部署一个新的服务器",
-		"服务器":   "我想部署一个新的服务器",
-		"部署":    "我想部署一个新的服务器", // two characters: below a trigram
-		"天気":    "東京の天気は晴れです",
-		"서울에서":  "서울에서 만나요",
+		"部署一个":    "我想部署一个新的服务器",
+		"服务器":     "我想部署一个新的服务器",
+		"部署":      "我想部署一个新的服务器", // two characters: below a trigram
+		"天気":      "東京の天気は晴れです",
+		"서울에서":    "서울에서 만나요",
 		"ick bro": "the quick brown fox jumps", // substrings the word index cannot find
 		"uick":    "the quick brown fox jumps",
 	} {

@@ -368,6 +368,10 @@ func (ix *Indexer) runOnce(ctx context.Context) error {
 	}
 }
 
+// testHookInBatch, set by tests only, runs inside every batch's
+// transaction, after its rows are written and before its cursors move.
+var testHookInBatch func()
+
 // sessionInfo is what the KV index says about a session id.
 type sessionInfo struct {
 	source, userID, parent, title string
@@ -443,6 +447,9 @@ func (ix *Indexer) apply(ctx context.Context, batch []delivery) error {
 			if err != nil {
 				return fmt.Errorf("apply seq %d: %w", it.d.seq, err)
 			}
+		}
+		if testHookInBatch != nil {
+			testHookInBatch()
 		}
 		if next[0] != cur[0] {
 			if err := setMeta(ctx, tx, metaTxSeq, strconv.FormatUint(next[0], 10)); err != nil {
