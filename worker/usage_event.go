@@ -3,12 +3,13 @@ package worker
 import (
 	"time"
 
+	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/session"
 )
 
 // turnEndEvent publishes a turn's end event with the usage of its agent
 // run, when it has one.
-func (l *lane) turnEndEvent(t *session.TurnIntent, status string, res *Result) {
+func (l *lane) turnEndEvent(t *session.TurnIntent, status string, res *agent.Result) {
 	ev := TurnEvent{Type: "end", Lane: l.lane, TurnID: t.ID, SessionID: t.SessionID,
 		Owner: l.w.owner, Epoch: l.lease.Epoch, FirstSeq: t.FirstSeq, LastSeq: t.LastSeq, Attempt: t.Attempt,
 		Status: status, At: time.Now()}
