@@ -250,6 +250,7 @@ type delivery struct {
 	msg    jetstream.Msg
 	stream int // 0 transcripts, 1 events
 	seq    uint64
+	cseq   uint64 // the consumer's delivery sequence
 	at     time.Time
 }
 
@@ -268,7 +269,7 @@ func (ix *Indexer) runOnce(ctx context.Context) error {
 	ix.applied = [2]uint64{txc, evc}
 	ix.mu.Unlock()
 	txName, evName := ix.ConsumerNames()
-	ctxs := []struct {
+	specs := []struct {
 		st     jetstream.Stream
 		name   string
 		filter string
@@ -277,7 +278,7 @@ func (ix *Indexer) runOnce(ctx context.Context) error {
 		{ix.res.Transcripts, txName, ix.cfg.Names.TranscriptWildcard(), txc},
 		{ix.res.Events, evName, ix.cfg.Names.EventWildcard(), evc},
 	}
-	in := make(chan delivery, ix.cfg.BatchSize)
+	ins := [2]chan delivery{make(chan delivery, ix.cfg.BatchSize), make(chan delivery, ix.cfg.BatchSize)}
 	errc := make(chan error, 2)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -289,21 +290,24 @@ func (ix *Indexer) runOnce(ctx context.Context) error {
 		}
 		wg.Wait()
 	}()
-	for i, c := range ctxs {
+	var m merger
+	for i, c := range specs {
 		cons, err := ix.consumer(ctx, c.st, c.name, c.filter, c.after)
 		if err != nil {
 			return fmt.Errorf("consumer %s: %w", c.name, err)
 		}
+		m.cons[i] = cons
 		it, err := cons.Messages(jetstream.PullMaxMessages(ix.cfg.BatchSize))
 		if err != nil {
 			return fmt.Errorf("consume %s: %w", c.name, err)
 		}
 		iters = append(iters, it)
+		in := ins[i]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				m, err := it.Next()
+				msg, err := it.Next()
 				if err != nil {
 					select {
 					case errc <- fmt.Errorf("%s: %w", c.name, err):
@@ -311,13 +315,13 @@ func (ix *Indexer) runOnce(ctx context.Context) error {
 					}
 					return
 				}
-				md, err := m.Metadata()
+				md, err := msg.Metadata()
 				if err != nil {
-					_ = m.Term()
+					_ = msg.Term()
 					continue
 				}
 				select {
-				case in <- delivery{msg: m, stream: i, seq: md.Sequence.Stream, at: md.Timestamp}:
+				case in <- delivery{msg: msg, stream: i, seq: md.Sequence.Stream, cseq: md.Sequence.Consumer, at: md.Timestamp}:
 				case <-done:
 					return
 				}
@@ -325,47 +329,140 @@ func (ix *Indexer) runOnce(ctx context.Context) error {
 		}()
 	}
 	ix.log.Info("indexer consuming", "db", ix.db.path, "tx_after", txc, "ev_after", evc)
-	batch := make([]delivery, 0, ix.cfg.BatchSize)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	armed := false
+	// A stream's pending list is capped; the other stream is still read,
+	// so the merge can always make progress.
+	limit := 4 * ix.cfg.BatchSize
 	for {
+		var in0, in1 chan delivery
+		if len(m.pend[0]) < limit {
+			in0 = ins[0]
+		}
+		if len(m.pend[1]) < limit {
+			in1 = ins[1]
+		}
+		flush := false
 		select {
 		case <-ctx.Done():
 			return nil
 		case err := <-errc:
 			return err
-		case d := <-in:
-			if len(batch) == 0 {
-				timer.Reset(ix.cfg.FlushInterval)
-			}
-			batch = append(batch, d)
-			// Take what is already waiting without another timer round.
-		drain:
-			for len(batch) < ix.cfg.BatchSize {
-				select {
-				case d := <-in:
-					batch = append(batch, d)
-				default:
-					break drain
-				}
-			}
-			if len(batch) < ix.cfg.BatchSize {
-				continue
-			}
+		case d := <-in0:
+			m.add(d)
+		case d := <-in1:
+			m.add(d)
 		case <-timer.C:
+			armed = false
+			flush = true
 		}
-		timer.Stop()
-		if len(batch) == 0 {
+		if m.len() >= ix.cfg.BatchSize {
+			flush = true
+		}
+		if !flush {
+			if !armed && m.len() > 0 {
+				timer.Reset(ix.cfg.FlushInterval)
+				armed = true
+			}
 			continue
 		}
-		if err := ix.apply(ctx, batch); err != nil {
+		batch, err := m.take(ctx, ix.cfg.BatchSize)
+		if err != nil {
 			return err
 		}
-		for _, d := range batch {
-			_ = d.msg.Ack()
+		if len(batch) > 0 {
+			if err := ix.apply(ctx, batch); err != nil {
+				return err
+			}
+			for _, d := range batch {
+				_ = d.msg.Ack()
+			}
 		}
-		batch = batch[:0]
+		if !armed && m.len() > 0 {
+			// What is left waits for the other stream: look again soon.
+			timer.Reset(ix.cfg.FlushInterval)
+			armed = true
+		}
 	}
+}
+
+// merger orders the two streams' deliveries into one sequence by the time
+// the server stored each message (transcripts first on a tie), keeping each
+// stream's own order. A message is released only when every message of the
+// other stream stored before it is in hand, so a crash, a restart or a
+// rebuild applies the two streams in the same interleaving: the file does
+// not depend on how fast each consumer happened to run.
+type merger struct {
+	cons [2]jetstream.Consumer
+	pend [2][]delivery
+	last [2]uint64 // consumer sequence of the last delivery received
+}
+
+func (m *merger) add(d delivery) {
+	m.pend[d.stream] = append(m.pend[d.stream], d)
+	m.last[d.stream] = max(m.last[d.stream], d.cseq)
+}
+
+func (m *merger) len() int { return len(m.pend[0]) + len(m.pend[1]) }
+
+// drained reports whether every message of stream s stored so far has been
+// received: its consumer has nothing pending and delivered nothing beyond
+// what arrived.
+func (m *merger) drained(ctx context.Context, s int) (bool, error) {
+	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	info, err := m.cons[s].Info(ictx)
+	if err != nil {
+		return false, fmt.Errorf("consumer info: %w", err)
+	}
+	return info.NumPending == 0 && info.Delivered.Consumer <= m.last[s], nil
+}
+
+// take removes and returns up to n deliveries in merged order.
+func (m *merger) take(ctx context.Context, n int) ([]delivery, error) {
+	var out []delivery
+	var known [2]bool
+	var drained [2]bool
+	isDrained := func(s int) (bool, error) {
+		if !known[s] {
+			d, err := m.drained(ctx, s)
+			if err != nil {
+				return false, err
+			}
+			known[s], drained[s] = true, d
+		}
+		return drained[s], nil
+	}
+	for len(out) < n {
+		a, b := m.pend[0], m.pend[1]
+		pick := -1
+		switch {
+		case len(a) > 0 && len(b) > 0:
+			pick = 0
+			if b[0].at.Before(a[0].at) {
+				pick = 1
+			}
+		case len(a) > 0 || len(b) > 0:
+			s := 0
+			if len(a) == 0 {
+				s = 1
+			}
+			ok, err := isDrained(1 - s)
+			if err != nil {
+				return out, err
+			}
+			if ok {
+				pick = s
+			}
+		}
+		if pick < 0 {
+			break
+		}
+		out = append(out, m.pend[pick][0])
+		m.pend[pick] = m.pend[pick][1:]
+	}
+	return out, nil
 }
 
 // testHookInBatch, set by tests only, runs inside every batch's

@@ -103,7 +103,7 @@ func (f *fleet) lastSeqs(t *testing.T) (uint64, uint64) {
 func waitIndexed(t *testing.T, f *fleet, db *statedb.DB) {
 	t.Helper()
 	tx, ev := f.lastSeqs(t)
-	natstest.WaitFor(t, 60*time.Second, "the indexer to catch up", func() error {
+	natstest.WaitFor(t, 180*time.Second, "the indexer to catch up", func() error {
 		a, b, err := db.Cursors(context.Background())
 		if err != nil {
 			return err
@@ -300,7 +300,7 @@ func TestIndexerKilledMidBatchEqualsScratch(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t)
 	writeStory(t, f)
-	writeBulk(t, f, 40, 30)
+	writeBulk(t, f, 20, 24)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "crash.db")
 	marker := filepath.Join(dir, "in-batch")
