@@ -705,6 +705,11 @@ func applyEntry(ctx context.Context, tx *sql.Tx, sid string, e *transcript.Entry
 	at := entryTime(e, stored)
 	switch e.Kind {
 	case transcript.KindMessage:
+		switch e.Role {
+		case transcript.RoleUser, transcript.RoleAssistant, transcript.RoleTool, transcript.RoleSystem:
+		default:
+			return nil // not something a worker writes: never let it wedge the indexer
+		}
 		if err := ensureSession(ctx, tx, sid, at, infos); err != nil {
 			return err
 		}

@@ -3,6 +3,7 @@ package statedb_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -181,6 +182,16 @@ func TestIndexerStory(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t)
 	ids := writeStory(t, f)
+	// Garbage on a transcript or event subject is skipped, not fatal.
+	for subj, data := range map[string]string{
+		f.names.TranscriptSubject(ids.s3): `not json`,
+		f.names.TranscriptSubject("20260501_120000_00000000"): `{"kind":"message","role":"","content":"no role"}`,
+		f.names.EventSubject("finalize", "x"): `{"session_id":"not a session id"}`,
+	} {
+		if _, err := f.js.Publish(context.Background(), subj, []byte(data)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	db := openTemp(t)
 	stop := runIndexer(t, f, db, "story")
 	waitIndexed(t, f, db)
@@ -211,6 +222,9 @@ func TestIndexerStory(t *testing.T) {
 	}
 	if deleted != 2 || len(ex.Messages) != 7 {
 		t.Fatalf("export: %d messages, %d deleted", len(ex.Messages), deleted)
+	}
+	if _, err := db.GetSession(ctx, "20260501_120000_00000000"); !errors.Is(err, statedb.ErrNotFound) {
+		t.Fatalf("a message without a role made a session: %v", err)
 	}
 	s2, _ := db.GetSession(ctx, ids.s2)
 	if s2.Title != "Project #2" || s2.ParentSessionID != ids.s1 || s2.EndedAt == nil || s2.EndReason != session.ReasonResume {
@@ -300,7 +314,7 @@ func TestIndexerKilledMidBatchEqualsScratch(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t)
 	writeStory(t, f)
-	writeBulk(t, f, 20, 24)
+	writeBulk(t, f, 12, 20)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "crash.db")
 	marker := filepath.Join(dir, "in-batch")
@@ -309,7 +323,7 @@ func TestIndexerKilledMidBatchEqualsScratch(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), "STATEDB_HELPER=indexer", "STATEDB_PATH="+path, "STATEDB_NATS_URL="+f.srv.ClientURL())
 		if hook {
-			cmd.Env = append(cmd.Env, "STATEDB_BLOCK_IN_BATCH="+marker, "STATEDB_BLOCK_AT=5")
+			cmd.Env = append(cmd.Env, "STATEDB_BLOCK_IN_BATCH="+marker, "STATEDB_BLOCK_AT=3")
 		}
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Start(); err != nil {
@@ -318,7 +332,7 @@ func TestIndexerKilledMidBatchEqualsScratch(t *testing.T) {
 		return cmd
 	}
 	cmd := start(true)
-	natstest.WaitFor(t, 60*time.Second, "the indexer to block inside its 5th batch", func() error {
+	natstest.WaitFor(t, 60*time.Second, "the indexer to block inside its 3rd batch", func() error {
 		_, err := os.Stat(marker)
 		return err
 	})
