@@ -184,9 +184,9 @@ func TestIndexerStory(t *testing.T) {
 	ids := writeStory(t, f)
 	// Garbage on a transcript or event subject is skipped, not fatal.
 	for subj, data := range map[string]string{
-		f.names.TranscriptSubject(ids.s3): `not json`,
+		f.names.TranscriptSubject(ids.s3):                     `not json`,
 		f.names.TranscriptSubject("20260501_120000_00000000"): `{"kind":"message","role":"","content":"no role"}`,
-		f.names.EventSubject("finalize", "x"): `{"session_id":"not a session id"}`,
+		f.names.EventSubject("finalize", "x"):                 `{"session_id":"not a session id"}`,
 	} {
 		if _, err := f.js.Publish(context.Background(), subj, []byte(data)); err != nil {
 			t.Fatal(err)
