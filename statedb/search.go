@@ -236,19 +236,55 @@ func (o SearchOptions) filters() (string, []any) {
 	return b.String(), args
 }
 
+// candidateCap bounds the matches a search ranks: the newest candidateCap
+// live matches that pass the filters are ranked (bm25) and the best are
+// returned. A query matching fewer messages is ranked over all of them; one
+// matching more (a very common word) returns the best of the newest, and
+// costs the same as a rare one.
+const candidateCap = 1000
+
 func (db *DB) ftsSearch(ctx context.Context, table, match string, o SearchOptions) ([]SearchResult, error) {
+	return db.rankedSearch(ctx, table, match, "", nil, o, nil)
+}
+
+// rankedSearch runs match on an FTS table (plus extra conditions on m),
+// ranks the bounded candidates and fills each result's snippet.
+func (db *DB) rankedSearch(ctx context.Context, table, match, extra string, extraArgs []any, o SearchOptions, mark func(string) string) ([]SearchResult, error) {
 	filters, args := o.filters()
-	q := `SELECT m.id, m.session_id, m.role, m.timestamp, snippet(` + table + `, -1, '>>>', '<<<', '...', 40),
-		s.source, s.model, s.title, s.started_at
-		FROM ` + table + ` f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
-		WHERE ` + table + ` MATCH ? AND m.deleted_at IS NULL` + filters + `
-		ORDER BY f.rank LIMIT ? OFFSET ?`
-	rows, err := db.r.QueryContext(ctx, q, append(append([]any{match}, args...), o.Limit, o.Offset)...)
+	// CROSS JOIN keeps the FTS table the outer loop, so the rowid order is
+	// the index's own and the candidate LIMIT stops the scan early.
+	q := `WITH cand AS (
+		SELECT f.rowid AS id, f.rank AS rank FROM ` + table + ` f
+			CROSS JOIN messages m ON m.id = f.rowid CROSS JOIN sessions s ON s.id = m.session_id
+		WHERE ` + table + ` MATCH ? AND m.deleted_at IS NULL` + filters + extra + `
+		ORDER BY f.rowid DESC LIMIT ?)
+	SELECT m.id, m.session_id, m.role, m.timestamp, '', s.source, s.model, s.title, s.started_at
+	FROM cand JOIN messages m ON m.id = cand.id JOIN sessions s ON s.id = m.session_id
+	ORDER BY cand.rank, m.id DESC LIMIT ? OFFSET ?`
+	all := append([]any{match}, args...)
+	all = append(append(all, extraArgs...), candidateCap, o.Limit, o.Offset)
+	rows, err := db.r.QueryContext(ctx, q, all...)
 	if err != nil {
 		return nil, fmt.Errorf("search %q: %w", match, err)
 	}
-	defer rows.Close()
-	return scanResults(rows, nil)
+	res, err := scanResults(rows, nil)
+	rows.Close()
+	if err != nil {
+		return nil, err
+	}
+	for i := range res {
+		var snip sql.NullString
+		err := db.r.QueryRowContext(ctx, `SELECT snippet(`+table+`, -1, '>>>', '<<<', '...', 40) FROM `+table+
+			` WHERE `+table+` MATCH ? AND rowid = ?`, match, res[i].ID).Scan(&snip)
+		if err != nil && err != sql.ErrNoRows {
+			return nil, err
+		}
+		res[i].Snippet = snip.String
+		if mark != nil {
+			res[i].Snippet = mark(res[i].Snippet)
+		}
+	}
+	return res, nil
 }
 
 func scanResults(rows *sql.Rows, mark func(content string) string) ([]SearchResult, error) {
@@ -323,19 +359,7 @@ func (db *DB) substringSearch(ctx context.Context, query string, o SearchOptions
 	}
 	mark := func(s string) string { return markTerms(s, short) }
 	if len(long) > 0 {
-		q := `SELECT m.id, m.session_id, m.role, m.timestamp, snippet(messages_fts_trigram, -1, '>>>', '<<<', '...', 40),
-			s.source, s.model, s.title, s.started_at
-			FROM messages_fts_trigram f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
-			WHERE messages_fts_trigram MATCH ? AND m.deleted_at IS NULL` + filters + likes.String() + `
-			ORDER BY f.rank LIMIT ? OFFSET ?`
-		all := append([]any{strings.Join(long, " ")}, args...)
-		all = append(append(all, likeArgs...), o.Limit, o.Offset)
-		rows, err := db.r.QueryContext(ctx, q, all...)
-		if err != nil {
-			return nil, fmt.Errorf("substring search: %w", err)
-		}
-		defer rows.Close()
-		return scanResults(rows, mark)
+		return db.rankedSearch(ctx, "messages_fts_trigram", strings.Join(long, " "), likes.String(), likeArgs, o, mark)
 	}
 	q := `SELECT m.id, m.session_id, m.role, m.timestamp, COALESCE(m.content, m.tool_name, m.tool_calls, ''),
 		s.source, s.model, s.title, s.started_at
