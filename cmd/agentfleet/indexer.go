@@ -64,12 +64,12 @@ func (rt *runtime) startIndexer(ctx context.Context, path string, rebuild bool, 
 func indexerCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "indexer",
-		Usage: "write the state database (SQLite) from the transcript and event streams, and serve it as the fleet.api micro service",
-		Flags: []cli.Flag{
+		Usage: "write the state database (SQLite) from the transcript and event streams against NATS (nats.url), and serve it as the fleet.api micro service",
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "db", Usage: "SQLite database `FILE` (indexer.db)"},
 			&cli.StringFlag{Name: "name", Usage: "durable consumer name suffix of this indexer (indexer.name)"},
 			&cli.BoolFlag{Name: "rebuild", Usage: "delete the database file and build it again from the streams"},
-		},
+		}, natsFlags()...),
 		Action: func(c *cli.Context) error {
 			cfg, err := loadConfig(c, map[string]string{"db": "indexer.db", "name": "indexer.name"})
 			if err != nil {
@@ -86,6 +86,7 @@ func indexerCommand() *cli.Command {
 			defer rt.close()
 			ctx, stop := signalContext(log)
 			defer stop()
+			rt.ctx = ctx
 			var wg sync.WaitGroup
 			errs := make(chan error, 16)
 			if err := rt.startIndexer(ctx, cfg.Indexer.DB, c.Bool("rebuild"), &wg, errs); err != nil {
