@@ -651,7 +651,23 @@ func ensureSession(ctx context.Context, tx *sql.Tx, sid string, first time.Time,
 	if info.title == "" {
 		return nil
 	}
-	title := cleanTitle(info.title)
+	return assignTitle(ctx, tx, sid, info.title)
+}
+
+// assignTitle gives a session its title, or when another session has it,
+// the next free number of the title's lineage. An empty title clears it.
+func assignTitle(ctx context.Context, tx *sql.Tx, sid, title string) error {
+	title = cleanTitle(title)
+	var have sql.NullString
+	if err := tx.QueryRowContext(ctx, `SELECT title FROM sessions WHERE id = ?`, sid).Scan(&have); err != nil {
+		return err
+	}
+	if title == "" || have.String == title {
+		return setTitle(ctx, tx, sid, title)
+	}
+	if b, _ := SplitTitle(have.String); have.Valid && b == title {
+		return nil // already numbered in this title's lineage
+	}
 	for i := 0; i < 3; i++ {
 		err := setTitle(ctx, tx, sid, title)
 		if !errors.Is(err, ErrTitleTaken) {
@@ -760,9 +776,10 @@ func applyEntry(ctx context.Context, tx *sql.Tx, sid string, e *transcript.Entry
 // event is the part of a lifecycle event the indexer reads.
 type event struct {
 	kind        string
-	Type        string `json:"type"`
-	SessionID   string `json:"session_id"`
-	InputTokens int64  `json:"input_tokens"`
+	Type        string  `json:"type"`
+	SessionID   string  `json:"session_id"`
+	InputTokens int64   `json:"input_tokens"`
+	Title       *string `json:"title"`
 }
 
 func (e *event) affectsSession() bool {
@@ -772,6 +789,8 @@ func (e *event) affectsSession() bool {
 	switch e.kind {
 	case "finalize", "pruned":
 		return true
+	case "title":
+		return e.Title != nil
 	case "turn":
 		return e.Type == "end" && e.InputTokens > 0
 	}
@@ -790,8 +809,9 @@ func decodeEvent(n broker.Names, subject string, data []byte) *event {
 }
 
 // applyEvent applies one lifecycle event: an expired session that was
-// finalized, or a pruned lane, ends its session; a turn's end adds its
-// input tokens (its output tokens come with the assistant entry).
+// finalized, or a pruned lane, ends its session; /title sets its title; a
+// turn's end adds its input tokens (its output tokens come with the
+// assistant entry).
 func applyEvent(ctx context.Context, tx *sql.Tx, e *event, at time.Time, infos map[string]sessionInfo) error {
 	if !e.affectsSession() {
 		return nil
@@ -806,6 +826,8 @@ func applyEvent(ctx context.Context, tx *sql.Tx, e *event, at time.Time, infos m
 		return endSession(ctx, tx, e.SessionID, EndReasonExpired, at)
 	case "pruned":
 		return endSession(ctx, tx, e.SessionID, EndReasonPruned, at)
+	case "title":
+		return assignTitle(ctx, tx, e.SessionID, *e.Title)
 	case "turn":
 		if e.Type == "end" && e.InputTokens > 0 {
 			return addUsage(ctx, tx, e.SessionID, Usage{InputTokens: e.InputTokens})

@@ -175,6 +175,8 @@ func writeStory(t *testing.T, f *fleet) storyIDs {
 	s3 := f.newSession(t, keySlack, "Project", "", base.Add(time.Hour))
 	f.append(t, s3, transcript.Entry{Kind: transcript.KindMessage, Role: "user", Content: "我想部署一个新的服务器", TurnID: "t8", Timestamp: base.Add(time.Hour)})
 	f.event(t, "finalize", lane2, map[string]any{"session_id": s3, "session_key": keySlack, "reason": "expired"})
+	// /title renames s1 (the KV index keeps the new title; the event carries it).
+	f.event(t, "title", lane1, map[string]any{"session_id": s1, "title": "Kubernetes Plan"})
 	return storyIDs{s1, s2, s3}
 }
 
@@ -201,7 +203,7 @@ func TestIndexerStory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s1.Source != "telegram" || s1.Title != "Project" || s1.EndedAt != nil || s1.InputTokens != 120 || s1.OutputTokens != 45 ||
+	if s1.Source != "telegram" || s1.Title != "Kubernetes Plan" || s1.EndedAt != nil || s1.InputTokens != 120 || s1.OutputTokens != 45 ||
 		s1.APICallCount != 2 || s1.MessageCount != 5 || s1.ToolCallCount != 1 {
 		t.Fatalf("s1 %+v", s1)
 	}
@@ -241,7 +243,7 @@ func TestIndexerStory(t *testing.T) {
 		t.Fatalf("tool call search: %+v", res)
 	}
 	anc, _ := db.Ancestors(ctx, ids.s2)
-	if len(anc) != 2 || anc[1].ID != ids.s1 {
+	if len(anc) != 2 || anc[1].ID != ids.s1 || anc[1].Title != "Kubernetes Plan" {
 		t.Fatalf("lineage %+v", anc)
 	}
 	if id, _ := db.ResolveSessionByTitle(ctx, "Project"); id != ids.s3 {

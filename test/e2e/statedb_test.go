@@ -20,7 +20,7 @@ import (
 
 // TestStateDatabaseLive runs `agentfleet up` (which runs the indexer into
 // <data>/state.db), talks to it over HTTP (a message, /new with a title,
-// another message, /undo), then uses fleetctl search, history, export and
+// another message, /undo, /title), then uses fleetctl search, history, export and
 // stats against it; a second indexer process with its own file builds the
 // same database; the files open read-only while the indexers run.
 func TestStateDatabaseLive(t *testing.T) {
@@ -87,6 +87,8 @@ func TestStateDatabaseLive(t *testing.T) {
 	r2 := waitReply(a.SessionKey, "echo: second question about bananas")
 	post("/undo")
 	waitReply(a.SessionKey, "Undid 1 turn")
+	post("/title Renamed Alpha")
+	waitReply(a.SessionKey, "Session title set")
 	if r1.SessionID == r2.SessionID {
 		t.Fatalf("/new kept the session %s", r1.SessionID)
 	}
@@ -121,13 +123,13 @@ func TestStateDatabaseLive(t *testing.T) {
 		if err := ctlJSON(&hist, "history", "--json"); err != nil {
 			return err
 		}
-		if len(hist.Sessions) != 2 || hist.Sessions[0].MessageCount != 0 {
+		if len(hist.Sessions) != 2 || hist.Sessions[0].MessageCount != 0 || hist.Sessions[0].Title != "Renamed Alpha" {
 			return fmt.Errorf("history %+v", hist.Sessions)
 		}
 		return nil
 	})
 	second, first := hist.Sessions[0], hist.Sessions[1]
-	if second.ID != r2.SessionID || second.Title != "Project Alpha" || second.ParentSessionID != r1.SessionID || second.Source != "http" {
+	if second.ID != r2.SessionID || second.Title != "Renamed Alpha" || second.ParentSessionID != r1.SessionID || second.Source != "http" {
 		t.Fatalf("second session %+v", second)
 	}
 	if first.ID != r1.SessionID || first.EndedAt == nil || first.EndReason != "new" || first.MessageCount != 2 || first.Preview != "first question about kubernetes" {

@@ -18,3 +18,9 @@ func (l *lane) turnEndEvent(t *session.TurnIntent, status string, res *agent.Res
 	}
 	l.w.event("turn", l.lane, ev)
 }
+
+// titleEvent publishes a session's new title (empty: removed), so the state
+// database follows /title.
+func (l *lane) titleEvent(sessionID, title string) {
+	l.w.event("title", l.lane, map[string]any{"session_id": sessionID, "title": title, "at": time.Now()})
+}
