@@ -9,12 +9,12 @@ import (
 
 // turnEndEvent publishes a turn's end event with the usage of its agent
 // run, when it has one.
-func (l *lane) turnEndEvent(t *session.TurnIntent, status string, res *agent.Result) {
+func (l *lane) turnEndEvent(t *session.TurnIntent, status string, u *agent.Usage) {
 	ev := TurnEvent{Type: "end", Lane: l.lane, TurnID: t.ID, SessionID: t.SessionID,
 		Owner: l.w.owner, Epoch: l.lease.Epoch, FirstSeq: t.FirstSeq, LastSeq: t.LastSeq, Attempt: t.Attempt,
 		Status: status, At: time.Now()}
-	if res != nil {
-		ev.InputTokens, ev.OutputTokens = res.InputTokens, res.OutputTokens
+	if u != nil {
+		ev.InputTokens, ev.OutputTokens = u.InputTokens, u.OutputTokens
 	}
 	l.w.event("turn", l.lane, ev)
 }

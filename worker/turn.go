@@ -736,7 +736,7 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 	if !l.commit(intent, status, u, apply) {
 		return false
 	}
-	l.turnEndEvent(intent, status, res)
+	l.turnEndEvent(intent, status, u)
 	if status == StatusInterrupted {
 		// Keep a burst of follow-ups together: the next turn starts only
 		// after the collect window, whatever arrives meanwhile.
