@@ -131,6 +131,12 @@ func StartAPI(nc *nats.Conn, db *DB, names broker.Names, log *slog.Logger) (*API
 		}
 	}
 	a.svc = svc
+	// The endpoints answer once the server has the subscriptions: a
+	// request sent on another connection right after StartAPI finds them.
+	if err := nc.FlushTimeout(10 * time.Second); err != nil {
+		_ = svc.Stop()
+		return nil, fmt.Errorf("statedb: api service: %w", err)
+	}
 	return a, nil
 }
 
