@@ -245,6 +245,18 @@ func (n Names) DeliveryConsumer(platform string) string { return "deliver_" + pl
 // IndexerConsumer feeds the state database.
 func (n Names) IndexerConsumer(stream string) string { return "indexer_" + strings.ToLower(stream) }
 
+// IndexerConsumerNamed is the durable consumer of one of several indexers
+// (each writes its own database file) on stream.
+func (n Names) IndexerConsumerNamed(stream, name string) string {
+	if name == "" {
+		return n.IndexerConsumer(stream)
+	}
+	return n.IndexerConsumer(stream) + "_" + name
+}
+
+// APIService is the name of the state database's micro service.
+func (n Names) APIService() string { return n.prefix + "_api" }
+
 // KV keys that are not lanes.
 
 // WatcherLeaseKey is the leases-bucket key of the expiry watcher's leader.

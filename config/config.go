@@ -88,6 +88,27 @@ type Config struct {
 
 	// Telemetry configures logs.
 	Telemetry TelemetryConfig `yaml:"telemetry" json:"telemetry"`
+
+	// Indexer configures the state database indexer.
+	Indexer IndexerConfig `yaml:"indexer" json:"indexer"`
+}
+
+// IndexerConfig configures the indexer that writes the state database.
+type IndexerConfig struct {
+	// DB is the SQLite file. Empty: <embedded.data_dir>/state.db under
+	// `agentfleet up`; `agentfleet indexer` then needs --db.
+	//
+	// Defaults to "".
+	DB string `yaml:"db" json:"db"`
+	// Name names this indexer's durable consumers. Empty: derived from the
+	// host name and the database path.
+	//
+	// Defaults to "".
+	Name string `yaml:"name" json:"name"`
+	// BatchSize is the most stream messages applied in one transaction.
+	//
+	// Defaults to 500.
+	BatchSize int `yaml:"batch_size" json:"batch_size"`
 }
 
 // ResetPolicy is a complete automatic reset policy (seeds/session-lifecycle.md §6).
@@ -782,6 +803,7 @@ func Default() Config {
 
 			MaxReadersPerClient: 256,
 		},
+		Indexer: IndexerConfig{BatchSize: 500},
 		Delivery: DeliveryConfig{
 			Backoff:     Duration(100 * time.Millisecond),
 			MaxAttempts: 8,

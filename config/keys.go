@@ -363,6 +363,15 @@ func buildKeys() []key {
 	)
 	ks = append(ks, platformKeys()...)
 	ks = append(ks,
+		field("indexer.db",
+			"SQLite file of the state database the indexer writes (`agentfleet indexer`, and `agentfleet up` when set). Empty: `<embedded.data_dir>/state.db` under `agentfleet up`; `agentfleet indexer` then needs `--db`.",
+			func(c *Config) *string { return &c.Indexer.DB }, nil),
+		field("indexer.name",
+			"Name of this indexer's durable consumers (`indexer_<stream>_<name>`), so that several indexers, each with its own file, never share one. Letters, digits, `-` and `_`. Empty: derived from the host name and the database path.",
+			func(c *Config) *string { return &c.Indexer.Name }, checkIndexerName),
+		field("indexer.batch_size",
+			"Most stream messages the indexer applies in one SQLite transaction. At least 1.",
+			func(c *Config) *int { return &c.Indexer.BatchSize }, minInt(1)),
 		field("telemetry.log_level",
 			"Minimum level logged: debug, info, warn or error.",
 			func(c *Config) *string { return &c.Telemetry.LogLevel }, oneOf("debug", "info", "warn", "error")),
@@ -788,4 +797,15 @@ func (c *Config) applyEnv(env func(string) (string, bool), origin map[string]str
 		origin[k.path] = name
 	}
 	return errs
+}
+
+// checkIndexerName accepts an empty name or one of letters, digits, '-' and '_'.
+func checkIndexerName(v any) string {
+	s, _ := v.(string)
+	for _, r := range s {
+		if !(r == '_' || r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return fmt.Sprintf("%q: only letters, digits, '-' and '_'", s)
+		}
+	}
+	return ""
 }

@@ -427,6 +427,7 @@ func (l *lane) setTitle(e *session.SessionEntry, args string) string {
 	if err != nil {
 		return "Could not set the title: " + err.Error()
 	}
+	l.titleEvent(e.SessionID, final)
 	if final != title {
 		return fmt.Sprintf("✏️ Session title set: %s (%q is already the title of another session here).", final, title)
 	}

@@ -46,6 +46,10 @@ type TurnEvent struct {
 	Attempt   int       `json:"attempt"`
 	Status    string    `json:"status,omitempty"`
 	At        time.Time `json:"at"`
+	// InputTokens and OutputTokens are the usage of an ended turn that ran
+	// the agent (the state database adds them to its session).
+	InputTokens  int64 `json:"input_tokens,omitempty"`
+	OutputTokens int64 `json:"output_tokens,omitempty"`
 }
 
 func (l *lane) turnEvent(typ string, t *session.TurnIntent, status string) {
@@ -740,7 +744,7 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 	if !l.commit(intent, status, u, apply) {
 		return false
 	}
-	l.turnEvent("end", intent, status)
+	l.turnEndEvent(intent, status, u)
 	if status == StatusInterrupted {
 		// Keep a burst of follow-ups together: the next turn starts only
 		// after the collect window, whatever arrives meanwhile.

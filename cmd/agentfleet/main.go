@@ -1,6 +1,6 @@
 // Command agentfleet runs the roles of an agentfleet deployment: everything
 // in one process on an embedded NATS server (up), a plain NATS node (nats),
-// workers, the HTTP ingress, the benchmark (bench), and a health check for
+// workers, the HTTP ingress, the state-database indexer, the benchmark (bench), and a health check for
 // containers (healthcheck).
 package main
 
@@ -43,7 +43,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error (telemetry.log_level)"},
 			&cli.StringFlag{Name: "log-format", Usage: "text or json (telemetry.log_format)"},
 		},
-		Commands: []*cli.Command{upCommand(), natsCommand(), workerCommand(), ingressCommand(), chatCommand(), benchCommand(), configCommand(), healthCommand(), cliutil.CompletionCommand()},
+		Commands: []*cli.Command{upCommand(), natsCommand(), workerCommand(), ingressCommand(), chatCommand(), indexerCommand(), benchCommand(), configCommand(), healthCommand(), cliutil.CompletionCommand()},
 	}
 }
 

@@ -313,6 +313,9 @@ func upCommand() *cli.Command {
 			if err := rt.startWorkers(ctx, c.Int("workers"), cfg.Worker.ID, b, false, &wg, errs); err != nil {
 				return abortStart(ctx, stop, &wg, err)
 			}
+			if err := rt.startIndexer(ctx, upIndexerPath(cfg.Indexer.DB, cfg.Embedded.DataDir), false, &wg, errs); err != nil {
+				return abortStart(ctx, stop, &wg, err)
+			}
 			provisioned.Store(true)
 			log.Info("agentfleet up", "http", cfg.HTTP.Addr, "workers", c.Int("workers"), "data", cfg.Embedded.DataDir)
 			return waitRoles(ctx, stop, &wg, errs)

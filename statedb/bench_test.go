@@ -1,0 +1,315 @@
+package statedb
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/test/natstest"
+	"github.com/agentfleet/agentfleet/transcript"
+)
+
+// corpus generates message texts: words drawn from a Zipf distribution over
+// a synthetic vocabulary (so a few words are everywhere and most are rare,
+// as in real text), and 1% of the messages in Chinese.
+type corpus struct {
+	rng   *rand.Rand
+	zipf  *rand.Zipf
+	vocab []string
+	cjk   []string
+}
+
+func newCorpus(seed uint64) *corpus {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	syll := []string{"ka", "lo", "mi", "ren", "dus", "to", "fa", "ber", "xi", "nor", "ul", "pe", "gra", "vin", "so", "tek"}
+	vocab := make([]string, 20000)
+	for i := range vocab {
+		var b strings.Builder
+		n := i
+		for j := 0; j < 2+i%3; j++ {
+			b.WriteString(syll[n%len(syll)])
+			n /= len(syll)
+			n += j * 7
+		}
+		vocab[i] = b.String() + strconv.Itoa(i%97)
+	}
+	cjk := []string{"部署", "服务器", "数据库", "迁移", "配置", "日志", "网络", "容器", "集群", "备份", "监控", "告警"}
+	return &corpus{rng: rng, zipf: rand.NewZipf(rng, 1.1, 2, uint64(len(vocab)-1)), vocab: vocab, cjk: cjk}
+}
+
+func (c *corpus) text() string {
+	if c.rng.IntN(100) == 0 {
+		var b strings.Builder
+		for i := 0; i < 6+c.rng.IntN(10); i++ {
+			b.WriteString(c.cjk[c.rng.IntN(len(c.cjk))])
+		}
+		return b.String()
+	}
+	n := 8 + c.rng.IntN(30)
+	words := make([]string, n)
+	for i := range words {
+		words[i] = c.vocab[c.zipf.Uint64()]
+	}
+	return strings.Join(words, " ")
+}
+
+// BenchmarkIndexer measures the indexer: transcript entries applied per
+// second from FLEET_TX into the file, beside the floor measured in the same
+// run: the same rows inserted into the same schema by plain INSERTs in
+// transactions of the same size, with no NATS and no decoding.
+//
+//	go test -run '^$' -bench BenchmarkIndexer -benchtime 1x ./statedb
+func BenchmarkIndexer(b *testing.B) {
+	n := envInt("STATEDB_BENCH_ENTRIES", 50000)
+	const sessions = 200
+	srv := natstest.RunServer(b)
+	nc := srv.Connect(b)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	names := broker.MustNames("fleet")
+	ctx := context.Background()
+	res, err := broker.Provision(ctx, js, broker.ProvisionConfig{Names: names})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := newCorpus(1)
+	store := kv.NewStore(res, nil)
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	sids := make([]string, sessions)
+	for i := range sids {
+		sids[i] = session.NewSessionID(base.Add(time.Duration(i) * time.Second))
+		key := fmt.Sprintf("agent:main:http:dm:u%d", i)
+		if err := store.Index(ctx, sids[i], kv.IndexRecord{Lane: session.LaneToken(key), SessionKey: key, CreatedAt: base}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	type row struct {
+		sid, role, content string
+		at                 time.Time
+	}
+	rows := make([]row, n)
+	for i := 0; i < n; i++ {
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		rows[i] = row{sids[i%sessions], role, c.text(), base.Add(time.Duration(i) * time.Millisecond)}
+		e := transcript.Entry{ID: transcript.NewID(), Kind: transcript.KindMessage, Role: role, Content: rows[i].content, Timestamp: rows[i].at}
+		data, _ := json.Marshal(e)
+		if _, err := js.PublishAsync(names.TranscriptSubject(rows[i].sid), data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(2 * time.Minute):
+		b.Fatal("publish did not complete")
+	}
+	info, err := res.Transcripts.Info(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	last := info.State.LastSeq
+	dir := b.TempDir()
+	var idxRate, rawRate float64
+	for i := 0; b.Loop(); i++ {
+		// The indexer, from an empty file to the stream's last entry.
+		db, err := Open(ctx, filepath.Join(dir, fmt.Sprintf("ix%d.db", i)), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ix, err := NewIndexer(res, db, IndexerConfig{Names: names, Name: fmt.Sprintf("bench%d", i)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() { done <- ix.Run(rctx) }()
+		for {
+			tx, _, next := ix.Applied()
+			if tx >= last {
+				break
+			}
+			select {
+			case <-next:
+			case <-time.After(5 * time.Minute):
+				b.Fatal("indexer stalled")
+			}
+		}
+		el := time.Since(start)
+		cancel()
+		<-done
+		db.Close()
+		idxRate = float64(n) / el.Seconds()
+
+		// The floor: the same rows, plain INSERTs, same batch size.
+		raw, err := Open(ctx, filepath.Join(dir, fmt.Sprintf("raw%d.db", i)), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, sid := range sids {
+			if err := raw.CreateSession(ctx, NewSession{ID: sid, Source: "http", StartedAt: base}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		start = time.Now()
+		const batch = 500
+		for off := 0; off < n; off += batch {
+			err := raw.write(ctx, func(tx *sql.Tx) error {
+				st, err := tx.PrepareContext(ctx, `INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, ?, ?, ?)`)
+				if err != nil {
+					return err
+				}
+				defer st.Close()
+				for _, r := range rows[off:min(off+batch, n)] {
+					if _, err := st.ExecContext(ctx, r.sid, r.role, r.content, unix(r.at)); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		rawRate = float64(n) / time.Since(start).Seconds()
+		raw.Close()
+	}
+	b.ReportMetric(idxRate, "indexed_msgs/s")
+	b.ReportMetric(rawRate, "raw_insert_msgs/s")
+	b.ReportMetric(idxRate/rawRate, "indexer/raw")
+}
+
+// BenchmarkSearch measures SearchMessages latency (p50, p99, per query
+// kind and overall) over a generated database: 100k messages by default,
+// STATEDB_BENCH_ROWS=1000000 for the 1M run. STATEDB_BENCH_DB=FILE keeps the
+// generated file for later runs.
+//
+//	STATEDB_BENCH_ROWS=1000000 go test -run '^$' -bench BenchmarkSearch -benchtime 1x -timeout 60m ./statedb
+func BenchmarkSearch(b *testing.B) {
+	rows := envInt("STATEDB_BENCH_ROWS", 100000)
+	ctx := context.Background()
+	path := os.Getenv("STATEDB_BENCH_DB")
+	if path == "" {
+		path = filepath.Join(b.TempDir(), "search.db")
+	}
+	db, err := Open(ctx, path, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	c := newCorpus(2)
+	var have int
+	if err := db.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM messages`).Scan(&have); err != nil {
+		b.Fatal(err)
+	}
+	if have < rows {
+		start := time.Now()
+		if err := generate(ctx, db, c, have, rows); err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("generated %d messages in %v", rows-have, time.Since(start).Round(time.Second))
+	}
+	// Queries: words from the same distribution as the text (so some are
+	// common), pairs, phrases, prefixes, Chinese terms.
+	qc := newCorpus(3)
+	type query struct{ kind, q string }
+	var queries []query
+	for i := 0; i < 100; i++ {
+		w1, w2 := qc.vocab[qc.zipf.Uint64()], qc.vocab[qc.zipf.Uint64()]
+		queries = append(queries,
+			query{"word", w1},
+			query{"two words", w1 + " " + w2},
+			query{"phrase", `"` + w1 + " " + w2 + `"`},
+			query{"prefix", w1[:min(4, len(w1))] + "*"},
+			query{"cjk", qc.cjk[i%len(qc.cjk)] + qc.cjk[(i+1)%len(qc.cjk)]},
+		)
+	}
+	per := map[string][]time.Duration{}
+	var all []time.Duration
+	for b.Loop() {
+		for _, q := range queries {
+			start := time.Now()
+			if _, err := db.SearchMessages(ctx, q.q, SearchOptions{}); err != nil {
+				b.Fatalf("%s: %v", q.q, err)
+			}
+			d := time.Since(start)
+			per[q.kind] = append(per[q.kind], d)
+			all = append(all, d)
+		}
+	}
+	p := func(ds []time.Duration, q float64) float64 {
+		s := slices.Clone(ds)
+		slices.Sort(s)
+		i := int(math.Ceil(q*float64(len(s)))) - 1
+		return float64(s[max(i, 0)].Microseconds()) / 1000
+	}
+	for kind, ds := range per {
+		b.Logf("%-9s p50 %7.2f ms  p99 %7.2f ms  (%d queries)", kind, p(ds, 0.5), p(ds, 0.99), len(ds))
+	}
+	b.ReportMetric(p(all, 0.5), "p50_ms")
+	b.ReportMetric(p(all, 0.99), "p99_ms")
+	b.ReportMetric(float64(rows), "messages")
+}
+
+// generate writes messages from..to (exclusive) across sessions of 50
+// messages, in transactions of 5000 rows.
+func generate(ctx context.Context, db *DB, c *corpus, from, to int) error {
+	base := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	srcs := []string{"telegram", "slack", "http", "discord", "whatsapp"}
+	for off := from; off < to; off += 5000 {
+		err := db.write(ctx, func(tx *sql.Tx) error {
+			st, err := tx.PrepareContext(ctx, `INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, ?, ?, ?)`)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			for i := off; i < min(off+5000, to); i++ {
+				sid := fmt.Sprintf("s%07d", i/50)
+				at := base.Add(time.Duration(i) * time.Second)
+				if i%50 == 0 {
+					if err := createSession(ctx, tx, NewSession{ID: sid, Source: srcs[(i/50)%len(srcs)], StartedAt: at}); err != nil {
+						return err
+					}
+				}
+				role := "user"
+				if i%2 == 1 {
+					role = "assistant"
+				}
+				if _, err := st.ExecContext(ctx, sid, role, c.text(), unix(at)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,440 @@
+package statedb
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+var (
+	quotedPhrase  = regexp.MustCompile(`"[^"]*"`)
+	placeholderRe = regexp.MustCompile("\x00Q(\\d+)\x00")
+	starRun       = regexp.MustCompile(`\*{2,}`)
+)
+
+// SanitizeQuery turns user input into a valid FTS5 query while keeping the
+// FTS5 syntax people type on purpose (the storage design's sanitizer):
+//   - balanced "quoted phrases" are kept as they are;
+//   - unmatched quotes and the special characters + { } ( ) ^ are dropped;
+//   - runs of * become one, and a * that starts a term is dropped (a prefix
+//     query needs at least one character before it): deploy* stays a prefix;
+//   - AND, OR and NOT with nothing on one side are dropped ("hello AND" →
+//     "hello"), as is an operator right after another one;
+//   - terms FTS5 would split or misread (chat-send, P2.2, my-app.config.ts,
+//     module:auth) are wrapped in quotes, so they match as a phrase;
+//   - terms with no letter or digit are dropped.
+//
+// It returns "" when nothing searchable is left.
+func SanitizeQuery(q string) string {
+	var phrases []string
+	s := quotedPhrase.ReplaceAllStringFunc(q, func(m string) string {
+		phrases = append(phrases, m)
+		return fmt.Sprintf(" \x00Q%d\x00 ", len(phrases)-1)
+	})
+	s = strings.Map(func(r rune) rune {
+		switch r {
+		case '+', '{', '}', '(', ')', '"', '^':
+			return ' '
+		}
+		return r
+	}, s)
+	s = starRun.ReplaceAllString(s, "*")
+	var terms []string
+	for _, t := range strings.Fields(s) {
+		if placeholderRe.MatchString(t) {
+			terms = append(terms, t)
+			continue
+		}
+		t = strings.TrimLeft(t, "*")
+		if t == "" {
+			continue
+		}
+		if isOperator(t) {
+			terms = append(terms, t)
+			continue
+		}
+		prefix := strings.HasSuffix(t, "*")
+		body := strings.TrimRight(t, "*")
+		body = strings.ReplaceAll(body, "*", " ")
+		if !hasWordChar(body) {
+			continue
+		}
+		if isBareword(body) {
+			terms = append(terms, t)
+			continue
+		}
+		quoted := `"` + strings.Join(strings.Fields(body), " ") + `"`
+		if prefix {
+			quoted += "*"
+		}
+		terms = append(terms, quoted)
+	}
+	// Operators need an operand on both sides.
+	var out []string
+	for _, t := range terms {
+		if isOperator(t) && (len(out) == 0 || isOperator(out[len(out)-1])) {
+			continue
+		}
+		out = append(out, t)
+	}
+	for len(out) > 0 && isOperator(out[len(out)-1]) {
+		out = out[:len(out)-1]
+	}
+	res := strings.Join(out, " ")
+	res = placeholderRe.ReplaceAllStringFunc(res, func(m string) string {
+		var i int
+		fmt.Sscanf(placeholderRe.FindStringSubmatch(m)[1], "%d", &i)
+		return phrases[i]
+	})
+	// A quoted phrase with nothing inside matches nothing; drop it.
+	res = strings.Join(strings.Fields(strings.ReplaceAll(res, `""`, " ")), " ")
+	return res
+}
+
+func isOperator(t string) bool { return t == "AND" || t == "OR" || t == "NOT" }
+
+// isBareword reports whether FTS5 reads s as one plain term: ASCII letters,
+// digits, '_' and any non-ASCII character.
+func isBareword(s string) bool {
+	for _, r := range s {
+		if r < 0x80 && !(r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return false
+		}
+	}
+	return s != ""
+}
+
+func hasWordChar(s string) bool {
+	for _, r := range s {
+		if unicode.IsLetter(r) || unicode.IsDigit(r) || r >= 0x80 && !unicode.IsSpace(r) && !unicode.IsPunct(r) && !unicode.IsSymbol(r) {
+			return true
+		}
+	}
+	return false
+}
+
+// HasCJK reports whether s holds Chinese, Japanese or Korean characters,
+// which the word tokenizer cannot split (they go to the trigram index).
+func HasCJK(s string) bool {
+	for _, r := range s {
+		if unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana, unicode.Hangul) {
+			return true
+		}
+	}
+	return false
+}
+
+// SearchOptions filter SearchMessages.
+type SearchOptions struct {
+	// Sources keeps only sessions of these sources; empty keeps all.
+	Sources []string
+	// ExcludeSources drops sessions of these sources.
+	ExcludeSources []string
+	// Roles keeps only messages of these roles (user, assistant, tool, system).
+	Roles []string
+	// SessionID keeps only one session's messages.
+	SessionID string
+	// Limit caps the results. Defaults to 20; at most 500.
+	Limit int
+	// Offset skips results.
+	Offset int
+}
+
+// SearchResult is one matching message.
+type SearchResult struct {
+	ID        int64     `json:"id"`
+	SessionID string    `json:"session_id"`
+	Role      string    `json:"role"`
+	Timestamp time.Time `json:"timestamp"`
+	// Snippet is the matching text with each match marked >>>like this<<<.
+	Snippet string `json:"snippet"`
+	// Context is the message before and the one after (content cut at 200
+	// characters), when there are such.
+	Context        []ContextMessage `json:"context"`
+	Source         string           `json:"source"`
+	Model          string           `json:"model,omitempty"`
+	Title          string           `json:"title,omitempty"`
+	SessionStarted time.Time        `json:"session_started"`
+}
+
+// ContextMessage is a neighbour of a search result.
+type ContextMessage struct {
+	ID        int64     `json:"id"`
+	Role      string    `json:"role"`
+	Content   string    `json:"content"`
+	Timestamp time.Time `json:"timestamp"`
+}
+
+const contextChars = 200
+
+// SearchMessages runs a full-text search over content, tool names and tool
+// calls. The query goes through SanitizeQuery, so FTS5 syntax works
+// (phrases, OR, NOT, prefix*) and stray syntax is harmless. Queries with
+// CJK characters use the trigram index (terms shorter than three
+// characters fall back to a substring scan), and a query the word index
+// finds nothing for is tried again as substrings on the trigram index.
+// Soft-deleted messages are never returned.
+func (db *DB) SearchMessages(ctx context.Context, query string, o SearchOptions) ([]SearchResult, error) {
+	if o.Limit <= 0 {
+		o.Limit = 20
+	}
+	o.Limit = min(o.Limit, 500)
+	o.Offset = max(o.Offset, 0)
+	q := SanitizeQuery(query)
+	if q == "" {
+		return []SearchResult{}, nil
+	}
+	var res []SearchResult
+	var err error
+	if HasCJK(query) {
+		res, err = db.substringSearch(ctx, query, o)
+	} else {
+		res, err = db.ftsSearch(ctx, "messages_fts", q, o)
+		if err == nil && len(res) == 0 && o.Offset == 0 {
+			res, err = db.substringSearch(ctx, query, o)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	for i := range res {
+		if err := db.addContext(ctx, &res[i]); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func (o SearchOptions) filters() (string, []any) {
+	var b strings.Builder
+	var args []any
+	in := func(col string, vals []string, not bool) {
+		if len(vals) == 0 {
+			return
+		}
+		op := " IN ("
+		if not {
+			op = " NOT IN ("
+		}
+		b.WriteString(" AND " + col + op + placeholders(len(vals)) + ")")
+		for _, v := range vals {
+			args = append(args, v)
+		}
+	}
+	in("s.source", o.Sources, false)
+	in("s.source", o.ExcludeSources, true)
+	in("m.role", o.Roles, false)
+	if o.SessionID != "" {
+		b.WriteString(" AND m.session_id = ?")
+		args = append(args, o.SessionID)
+	}
+	return b.String(), args
+}
+
+// candidateCap bounds the matches a search ranks: the newest candidateCap
+// live matches that pass the filters are ranked (bm25) and the best are
+// returned. A query matching fewer messages is ranked over all of them; one
+// matching more (a very common word) returns the best of the newest, and
+// costs the same as a rare one.
+const candidateCap = 1000
+
+func (db *DB) ftsSearch(ctx context.Context, table, match string, o SearchOptions) ([]SearchResult, error) {
+	return db.rankedSearch(ctx, table, match, "", nil, o, nil)
+}
+
+// rankedSearch runs match on an FTS table (plus extra conditions on m),
+// ranks the bounded candidates and fills each result's snippet.
+func (db *DB) rankedSearch(ctx context.Context, table, match, extra string, extraArgs []any, o SearchOptions, mark func(string) string) ([]SearchResult, error) {
+	filters, args := o.filters()
+	// CROSS JOIN keeps the FTS table the outer loop, so the rowid order is
+	// the index's own and the candidate LIMIT stops the scan early.
+	q := `WITH cand AS (
+		SELECT f.rowid AS id, f.rank AS rank FROM ` + table + ` f
+			CROSS JOIN messages m ON m.id = f.rowid CROSS JOIN sessions s ON s.id = m.session_id
+		WHERE ` + table + ` MATCH ? AND m.deleted_at IS NULL` + filters + extra + `
+		ORDER BY f.rowid DESC LIMIT ?)
+	SELECT m.id, m.session_id, m.role, m.timestamp, '', s.source, s.model, s.title, s.started_at
+	FROM cand JOIN messages m ON m.id = cand.id JOIN sessions s ON s.id = m.session_id
+	ORDER BY cand.rank, m.id DESC LIMIT ? OFFSET ?`
+	all := append([]any{match}, args...)
+	all = append(append(all, extraArgs...), candidateCap, o.Limit, o.Offset)
+	rows, err := db.r.QueryContext(ctx, q, all...)
+	if err != nil {
+		return nil, fmt.Errorf("search %q: %w", match, err)
+	}
+	res, err := scanResults(rows, nil)
+	rows.Close()
+	if err != nil {
+		return nil, err
+	}
+	for i := range res {
+		var snip sql.NullString
+		err := db.r.QueryRowContext(ctx, `SELECT snippet(`+table+`, -1, '>>>', '<<<', '...', 40) FROM `+table+
+			` WHERE `+table+` MATCH ? AND rowid = ?`, match, res[i].ID).Scan(&snip)
+		if err != nil && err != sql.ErrNoRows {
+			return nil, err
+		}
+		res[i].Snippet = snip.String
+		if mark != nil {
+			res[i].Snippet = mark(res[i].Snippet)
+		}
+	}
+	return res, nil
+}
+
+func scanResults(rows *sql.Rows, mark func(content string) string) ([]SearchResult, error) {
+	out := []SearchResult{}
+	for rows.Next() {
+		var r SearchResult
+		var ts, started float64
+		var snippet, model, title sql.NullString
+		if err := rows.Scan(&r.ID, &r.SessionID, &r.Role, &ts, &snippet, &r.Source, &model, &title, &started); err != nil {
+			return nil, err
+		}
+		r.Timestamp, r.SessionStarted = fromUnix(ts), fromUnix(started)
+		r.Snippet, r.Model, r.Title = snippet.String, model.String, title.String
+		if mark != nil {
+			r.Snippet = mark(r.Snippet)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// searchTerms splits a query into the literal strings a substring search
+// looks for: quoted phrases whole, other words on spaces, FTS5 operators
+// and syntax characters dropped.
+func searchTerms(q string) []string {
+	var terms []string
+	s := quotedPhrase.ReplaceAllStringFunc(q, func(m string) string {
+		if p := strings.TrimSpace(strings.Trim(m, `"`)); p != "" {
+			terms = append(terms, p)
+		}
+		return " "
+	})
+	s = strings.Map(func(r rune) rune {
+		switch r {
+		case '+', '{', '}', '(', ')', '"', '^', '*':
+			return ' '
+		}
+		return r
+	}, s)
+	for _, t := range strings.Fields(s) {
+		if isOperator(t) || !hasWordChar(t) {
+			continue
+		}
+		terms = append(terms, t)
+	}
+	return terms
+}
+
+// substringSearch finds messages that contain every term as a substring:
+// terms of three or more characters through the trigram index, shorter
+// ones by a LIKE filter (SQLite's LIKE is case-insensitive for ASCII).
+func (db *DB) substringSearch(ctx context.Context, query string, o SearchOptions) ([]SearchResult, error) {
+	terms := searchTerms(query)
+	if len(terms) == 0 {
+		return []SearchResult{}, nil
+	}
+	var long, short []string
+	for _, t := range terms {
+		if utf8.RuneCountInString(t) >= 3 {
+			long = append(long, `"`+strings.ReplaceAll(t, `"`, `""`)+`"`)
+		} else {
+			short = append(short, t)
+		}
+	}
+	filters, args := o.filters()
+	var likes strings.Builder
+	var likeArgs []any
+	for _, t := range short {
+		likes.WriteString(` AND (m.content LIKE ? ESCAPE '\' OR m.tool_name LIKE ? ESCAPE '\' OR m.tool_calls LIKE ? ESCAPE '\')`)
+		p := "%" + strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(t) + "%"
+		likeArgs = append(likeArgs, p, p, p)
+	}
+	mark := func(s string) string { return markTerms(s, short) }
+	if len(long) > 0 {
+		return db.rankedSearch(ctx, "messages_fts_trigram", strings.Join(long, " "), likes.String(), likeArgs, o, mark)
+	}
+	q := `SELECT m.id, m.session_id, m.role, m.timestamp, COALESCE(m.content, m.tool_name, m.tool_calls, ''),
+		s.source, s.model, s.title, s.started_at
+		FROM messages m JOIN sessions s ON s.id = m.session_id
+		WHERE m.deleted_at IS NULL` + filters + likes.String() + `
+		ORDER BY m.timestamp DESC, m.id DESC LIMIT ? OFFSET ?`
+	rows, err := db.r.QueryContext(ctx, q, append(append(args, likeArgs...), o.Limit, o.Offset)...)
+	if err != nil {
+		return nil, fmt.Errorf("substring search: %w", err)
+	}
+	defer rows.Close()
+	return scanResults(rows, func(s string) string { return snippetAround(s, short) })
+}
+
+// markTerms marks the occurrences of terms that are not marked yet (the
+// short terms a trigram snippet does not highlight).
+func markTerms(s string, terms []string) string {
+	for _, t := range terms {
+		if t == "" || strings.Contains(s, ">>>"+t+"<<<") {
+			continue
+		}
+		s = strings.ReplaceAll(s, t, ">>>"+t+"<<<")
+	}
+	return s
+}
+
+// snippetAround cuts about 40 characters either side of the first term
+// and marks every term.
+func snippetAround(s string, terms []string) string {
+	r := []rune(s)
+	at := -1
+	for _, t := range terms {
+		if i := strings.Index(s, t); i >= 0 {
+			at = utf8.RuneCountInString(s[:i])
+			break
+		}
+	}
+	if at < 0 {
+		at = 0
+	}
+	from, to := max(at-40, 0), min(at+40, len(r))
+	out := string(r[from:to])
+	if from > 0 {
+		out = "..." + out
+	}
+	if to < len(r) {
+		out += "..."
+	}
+	return markTerms(out, terms)
+}
+
+// addContext fills the message before and the one after a result.
+func (db *DB) addContext(ctx context.Context, r *SearchResult) error {
+	ts := unix(r.Timestamp)
+	r.Context = []ContextMessage{}
+	for _, q := range []string{
+		`SELECT id, role, COALESCE(content, ''), timestamp FROM messages WHERE session_id = ? AND deleted_at IS NULL
+			AND (timestamp < ? OR timestamp = ? AND id < ?) ORDER BY timestamp DESC, id DESC LIMIT 1`,
+		`SELECT id, role, COALESCE(content, ''), timestamp FROM messages WHERE session_id = ? AND deleted_at IS NULL
+			AND (timestamp > ? OR timestamp = ? AND id > ?) ORDER BY timestamp, id LIMIT 1`,
+	} {
+		var c ContextMessage
+		var t float64
+		err := db.r.QueryRowContext(ctx, q, r.SessionID, ts, ts, r.ID).Scan(&c.ID, &c.Role, &c.Content, &t)
+		if err == sql.ErrNoRows {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		c.Timestamp = fromUnix(t)
+		if rr := []rune(c.Content); len(rr) > contextChars {
+			c.Content = string(rr[:contextChars])
+		}
+		r.Context = append(r.Context, c)
+	}
+	return nil
+}
