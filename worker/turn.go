@@ -747,8 +747,8 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 		return false
 	}
 	l.turnEvent("end", intent, status)
-	if res != nil {
-		l.w.cfg.Metrics.AgentTokens(context.Background(), res.InputTokens, res.OutputTokens)
+	if u != nil {
+		l.w.cfg.Metrics.AgentTokens(context.Background(), u.InputTokens, u.OutputTokens)
 	}
 	if status == StatusInterrupted {
 		// Keep a burst of follow-ups together: the next turn starts only
