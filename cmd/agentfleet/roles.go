@@ -245,9 +245,18 @@ func (rt *runtime) startWorkers(ctx context.Context, n int, id string, b agent.B
 		if err != nil {
 			return err
 		}
+		svc, err := telemetry.AddService(nc, telemetry.ServiceConfig{Name: rt.names.ServiceName("worker"), Version: version,
+			Description: "agentfleet worker: runs the turns of the lanes it owns",
+			Metadata:    map[string]string{"worker_id": wid, "host": hostID()},
+			Subject:     rt.names.ServiceStatusSubject("worker", session.LaneToken(wid)),
+			Status:      func() any { return w.Status() }})
+		if err != nil {
+			return fmt.Errorf("worker %s: micro service: %w", wid, err)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer svc.Stop() //nolint:errcheck
 			if err := w.Run(ctx); err != nil {
 				errs <- fmt.Errorf("worker %s: %w", wid, err)
 			}
@@ -302,6 +311,19 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 	mux.Handle("/", srv.Handler())
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	rt.log.Info("http listening", "addr", ln.Addr().String())
+	instance := fmt.Sprintf("%s-%d", hostID(), os.Getpid())
+	svc, err := telemetry.AddService(nc, telemetry.ServiceConfig{Name: rt.names.ServiceName("ingress"), Version: version,
+		Description: "agentfleet ingress: the HTTP adapter and the reply delivery",
+		Metadata:    map[string]string{"http_addr": ln.Addr().String(), "host": hostID()},
+		Subject:     rt.names.ServiceStatusSubject("ingress", session.LaneToken(instance)),
+		Status: func() any {
+			return map[string]any{"http_addr": ln.Addr().String(), "nats_connected": nc.IsConnected()}
+		}})
+	if err != nil {
+		_ = ln.Close()
+		del.Stop()
+		return nil, fmt.Errorf("ingress micro service: %w", err)
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -318,6 +340,7 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
+		_ = svc.Stop()
 		srv.Close()
 		_ = hs.Shutdown(sctx)
 		del.Stop()
