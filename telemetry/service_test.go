@@ -26,7 +26,14 @@ func collect(t *testing.T, nc *nats.Conn, subject string, n int) [][]byte {
 	inbox := nats.NewInbox()
 	var mu sync.Mutex
 	var got [][]byte
-	sub, err := nc.Subscribe(inbox, func(m *nats.Msg) { mu.Lock(); got = append(got, m.Data); mu.Unlock() })
+	attempt := 0
+	sub, err := nc.Subscribe(inbox+".*", func(m *nats.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		if m.Subject == fmt.Sprintf("%s.%d", inbox, attempt) { // answers to an older request are dropped
+			got = append(got, m.Data)
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,8 +54,10 @@ func collect(t *testing.T, nc *nats.Conn, subject string, n int) [][]byte {
 		}
 		got = nil
 		sent = time.Now()
+		attempt++
+		reply := fmt.Sprintf("%s.%d", inbox, attempt)
 		mu.Unlock()
-		if err := nc.PublishRequest(subject, inbox, nil); err != nil {
+		if err := nc.PublishRequest(subject, reply, nil); err != nil {
 			return err
 		}
 		return fmt.Errorf("request sent")
