@@ -214,6 +214,16 @@ func (n Names) APISubject(endpoint string) string { return n.prefix + ".api." + 
 // APIPrefix is the group of the state-database micro service.
 func (n Names) APIPrefix() string { return n.prefix + ".api" }
 
+// ServiceName is the NATS micro service name a fleet process of role
+// (worker, ingress) registers, listed by `nats micro ls`.
+func (n Names) ServiceName(role string) string { return "agentfleet-" + role }
+
+// ServiceStatusSubject is the subject of the status endpoint of one
+// process's micro service: <prefix>.svc.<role>.<instance>.status.
+func (n Names) ServiceStatusSubject(role, instance string) string {
+	return n.prefix + ".svc." + role + "." + instance + ".status"
+}
+
 // Buckets.
 
 // SessionsBucket maps lane tokens to SessionEntry records.

@@ -737,7 +737,7 @@ type DeliveryConfig struct {
 	MaxAge Duration `yaml:"max_age" json:"max_age"`
 }
 
-// TelemetryConfig configures logs.
+// TelemetryConfig configures logs and metrics.
 type TelemetryConfig struct {
 	// LogLevel is the minimum level logged: debug, info, warn or error.
 	//
@@ -748,6 +748,13 @@ type TelemetryConfig struct {
 	//
 	// Defaults to "text".
 	LogFormat string `yaml:"log_format" json:"log_format"`
+
+	// MetricsAddr is the host:port on which workers (and up) serve the
+	// Prometheus /metrics endpoint; the ingress also serves it on its HTTP
+	// address.
+	//
+	// Defaults to "" (no separate metrics endpoint).
+	MetricsAddr string `yaml:"metrics_addr" json:"metrics_addr"`
 }
 
 // Default returns the built-in defaults. It does no I/O: Worker.ID is left

@@ -378,6 +378,9 @@ func buildKeys() []key {
 		field("telemetry.log_format",
 			"Log format: text or json.",
 			func(c *Config) *string { return &c.Telemetry.LogFormat }, oneOf("text", "json")),
+		field("telemetry.metrics_addr",
+			"host:port on which `agentfleet worker` and `agentfleet up` serve Prometheus metrics at /metrics (flag `--metrics`). Empty: no separate endpoint (the ingress always serves /metrics on `http.addr`). The endpoint has no authentication: bind it to a private address.",
+			func(c *Config) *string { return &c.Telemetry.MetricsAddr }, checkHostPort(true)),
 	)
 	for i := range ks {
 		switch ks[i].path {

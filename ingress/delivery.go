@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 )
 
 // Settings of the delivery consumer.
@@ -73,6 +74,7 @@ type Delivery struct {
 
 	backoffMin, backoffMax time.Duration
 	opTimeout              time.Duration
+	metrics                *telemetry.Metrics
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -114,6 +116,10 @@ func NewDelivery(js jetstream.JetStream, res *broker.Resources, names broker.Nam
 		sem:        make(chan struct{}, deliveryLanes),
 	}
 }
+
+// SetMetrics records delivery attempts and failures on m (nil: none).
+// Call it before Start.
+func (d *Delivery) SetMetrics(m *telemetry.Metrics) { d.metrics = m }
 
 // SetBackoff sets the delay before the first retry of a failed delivery
 // (default 100ms); it doubles per attempt up to 5s, or up to first itself
@@ -374,6 +380,7 @@ func (d *Delivery) deliverRetrying(ctx context.Context, msg jetstream.Msg, seq u
 	backoff := d.backoffMin
 	for attempt := 1; ; attempt++ {
 		dup, boxSeq, err := d.deliver(ctx, msg.Subject(), seq, lane, item)
+		d.metrics.DeliveryAttempt(ctx, d.platform, err)
 		if err == nil {
 			log.LogAttrs(ctx, slog.LevelDebug, "reply delivered",
 				slog.Bool("duplicate", dup), slog.Uint64("box_seq", boxSeq), slog.Int("attempt", attempt))

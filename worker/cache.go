@@ -2,10 +2,12 @@ package worker
 
 import (
 	"container/list"
+	"context"
 	"sync"
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/telemetry"
 	"github.com/agentfleet/agentfleet/transcript"
 )
 
@@ -85,6 +87,7 @@ type agentCache struct {
 	order   *list.List // front = most recent
 	hits    int64
 	misses  int64
+	metrics *telemetry.Metrics
 }
 
 func newAgentCache(max int, idle time.Duration) *agentCache {
@@ -99,6 +102,7 @@ func (c *agentCache) take(sessionKey, sessionID string) *cacheEntry {
 	defer c.mu.Unlock()
 	k := cacheKey(sessionKey, sessionID)
 	e := c.items[k]
+	c.metrics.CacheLookup(context.Background(), e != nil)
 	if e == nil {
 		c.misses++
 		return nil
@@ -130,6 +134,7 @@ func (c *agentCache) put(e *cacheEntry) {
 		evicted = append(evicted, victim)
 	}
 	c.mu.Unlock()
+	c.metrics.CacheEvicted(context.Background(), len(evicted))
 	for _, v := range evicted {
 		closeAgent(v.agent)
 	}
@@ -147,6 +152,7 @@ func (c *agentCache) evictSession(sessionKey string) {
 		}
 	}
 	c.mu.Unlock()
+	c.metrics.CacheEvicted(context.Background(), len(evicted))
 	for _, v := range evicted {
 		closeAgent(v.agent)
 	}
@@ -168,6 +174,7 @@ func (c *agentCache) sweep(now time.Time) int {
 		el = prev
 	}
 	c.mu.Unlock()
+	c.metrics.CacheEvicted(context.Background(), len(evicted))
 	for _, v := range evicted {
 		closeAgent(v.agent)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 )
 
 // Busy modes: what a message arriving during a running turn does.
@@ -85,6 +86,8 @@ type Config struct {
 	Now func() time.Time
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Metrics records the worker's metrics; nil records nothing.
+	Metrics *telemetry.Metrics
 }
 
 func (c *Config) withDefaults() (Config, error) {

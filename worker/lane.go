@@ -54,6 +54,8 @@ type lane struct {
 	renewDone chan struct{}
 	// pauseTag names the pausePoint of the next mutate (tests only).
 	pauseTag string
+	// turnStarted is when the running turn started (its duration metric).
+	turnStarted time.Time
 
 	mu     sync.Mutex
 	held   map[uint64]jetstream.Msg
@@ -375,6 +377,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 	l.ctx, l.cancel = context.WithCancelCause(w.hardCtx)
 	defer l.cancel(errHardStop)
 	w.stats.Takeovers.Add(1)
+	w.cfg.Metrics.LeaseAcquired(context.Background())
 
 	renewDone := make(chan struct{})
 	l.renewDone = renewDone
@@ -1059,6 +1062,7 @@ func (l *lane) runAutoResume(m inboxMsg) bool {
 	}
 	l.w.event("resume", l.lane, map[string]any{"turn_id": intent.ID, "session_id": intent.SessionID, "attempt": intent.Attempt,
 		"reason": l.entry.ResumeReason, "automatic": true})
+	l.w.cfg.Metrics.TurnResumed(context.Background())
 	return l.execute(intent, st.msgs, false)
 }
 

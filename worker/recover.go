@@ -127,6 +127,7 @@ func (l *lane) recoverTurn() bool {
 	w := l.w
 	t := l.entry.Turn.Clone()
 	w.stats.Recoveries.Add(1)
+	w.cfg.Metrics.LeaseTakeover(context.Background())
 	st, err := l.txFor(t.SessionID)
 	if err != nil {
 		l.log.Warn("load transcript for recovery", "err", err)
@@ -263,6 +264,7 @@ func (l *lane) recoverTurn() bool {
 	}
 	l.log.Info("resuming interrupted turn", "turn", t.ID, "attempt", t.Attempt, "reason", reason, "interrupted_turns", interrupted)
 	w.event("resume", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "attempt": t.Attempt, "reason": reason})
+	w.cfg.Metrics.TurnResumed(context.Background())
 	l.turnEvent("start", t, "")
 	return l.execute(t, msgs, true)
 }

@@ -53,6 +53,12 @@ type TurnEvent struct {
 }
 
 func (l *lane) turnEvent(typ string, t *session.TurnIntent, status string) {
+	if typ == "start" {
+		l.turnStarted = time.Now()
+		l.w.cfg.Metrics.TurnStarted(context.Background())
+	} else {
+		l.w.cfg.Metrics.TurnEnded(context.Background(), status, l.turnStarted)
+	}
 	l.w.event("turn", l.lane, TurnEvent{Type: typ, Lane: l.lane, TurnID: t.ID, SessionID: t.SessionID,
 		Owner: l.w.owner, Epoch: l.lease.Epoch, FirstSeq: t.FirstSeq, LastSeq: t.LastSeq, Attempt: t.Attempt,
 		Status: status, At: time.Now()})
@@ -745,6 +751,9 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 		return false
 	}
 	l.turnEndEvent(intent, status, u)
+	if u != nil {
+		l.w.cfg.Metrics.AgentTokens(context.Background(), u.InputTokens, u.OutputTokens)
+	}
 	if status == StatusInterrupted {
 		// Keep a burst of follow-ups together: the next turn starts only
 		// after the collect window, whatever arrives meanwhile.

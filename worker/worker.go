@@ -105,6 +105,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Confi
 		started:   time.Now(),
 	}
 	w.log = c.Logger.With("worker", w.owner)
+	w.cache.metrics = c.Metrics
 	w.hardCtx, w.hardStop = context.WithCancel(context.Background())
 	return w, nil
 }
@@ -263,6 +264,7 @@ func (w *Worker) dispatch(msg jetstream.Msg) {
 	}
 	if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
 		w.stats.Redelivered.Add(1)
+		w.cfg.Metrics.Redelivered(context.Background())
 	}
 	// Another worker was seen holding this lane a moment ago: hand the
 	// delivery back without a round trip (its owner reads the lane itself).

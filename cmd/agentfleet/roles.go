@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,6 +25,8 @@ import (
 	"github.com/agentfleet/agentfleet/config"
 	"github.com/agentfleet/agentfleet/ingress"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
+	"github.com/agentfleet/agentfleet/telemetry/provider"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -37,6 +40,76 @@ type runtime struct {
 	// ctx bounds the wait for NATS at start (a signal ends it); nil means
 	// context.Background().
 	ctx context.Context
+	// metrics is the process's metric pipeline; its Metrics are nil when
+	// nothing is exported.
+	metrics *provider.Provider
+}
+
+// startMetrics sets up the metric pipeline of role: a Prometheus handler
+// when prometheus is true, OTLP when the OTEL_EXPORTER_OTLP_* variables name
+// an endpoint. With telemetry.metrics_addr set it also serves /metrics
+// there until ctx ends.
+func (rt *runtime) startMetrics(ctx context.Context, role string, prometheus bool, wg *sync.WaitGroup, errs chan<- error) error {
+	addr := rt.cfg.Telemetry.MetricsAddr
+	p, err := provider.New(ctx, provider.Config{ServiceName: "agentfleet-" + role, Version: version, Prometheus: prometheus || addr != ""})
+	if err != nil {
+		return err
+	}
+	rt.metrics = p
+	if p.OTLP() != "" {
+		rt.log.Info("exporting metrics over OTLP", "protocol", p.OTLP())
+	}
+	if addr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics listen %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", p.Handler())
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	rt.log.Info("metrics listening", "addr", ln.Addr().String())
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs <- fmt.Errorf("metrics http: %w", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+	}()
+	return nil
+}
+
+// instruments are the metrics the roles record; nil records nothing.
+func (rt *runtime) instruments() *telemetry.Metrics {
+	if rt.metrics == nil {
+		return nil
+	}
+	return rt.metrics.Metrics
+}
+
+// metricsHandler is /metrics on the ingress address: it takes http.token
+// like the other routes when one is set.
+func (rt *runtime) metricsHandler() http.Handler {
+	h := rt.metrics.Handler()
+	token := rt.cfg.HTTP.Token
+	if token == "" {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte("Bearer "+token)) != 1 {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func (rt *runtime) context() context.Context {
@@ -118,6 +191,13 @@ func (rt *runtime) close() {
 		}
 		nc.Close()
 	}
+	if rt.metrics != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := rt.metrics.Shutdown(ctx); err != nil {
+			rt.log.Warn("metrics shutdown", "error", err)
+		}
+		cancel()
+	}
 	if rt.srv != nil {
 		rt.srv.Shutdown()
 		rt.srv.WaitForShutdown()
@@ -135,6 +215,7 @@ func backend(ctx context.Context, cfg config.Config, allowCrash bool, log *slog.
 func (rt *runtime) workerConfig(id string, b agent.Backend, restart bool) (worker.Config, error) {
 	wc, err := agentfleet.WorkerConfig(rt.cfg, id, b, restart, rt.log)
 	wc.Version = version
+	wc.Metrics = rt.instruments()
 	return wc, err
 }
 
@@ -164,9 +245,18 @@ func (rt *runtime) startWorkers(ctx context.Context, n int, id string, b agent.B
 		if err != nil {
 			return err
 		}
+		svc, err := telemetry.AddService(nc, telemetry.ServiceConfig{Name: rt.names.ServiceName("worker"), Version: version,
+			Description: "agentfleet worker: runs the turns of the lanes it owns",
+			Metadata:    map[string]string{"worker_id": wid, "host": hostID()},
+			Subject:     rt.names.ServiceStatusSubject("worker", session.LaneToken(wid)),
+			Status:      func() any { return w.Status() }})
+		if err != nil {
+			return fmt.Errorf("worker %s: micro service: %w", wid, err)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer svc.Stop() //nolint:errcheck
 			if err := w.Run(ctx); err != nil {
 				errs <- fmt.Errorf("worker %s: %w", wid, err)
 			}
@@ -205,6 +295,7 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 	})
 	del := ingress.NewDelivery(js, res, rt.names, rt.log)
 	del.SetBackoff(rt.cfg.Delivery.Backoff.Duration())
+	del.SetMetrics(rt.instruments())
 	if err := del.Start(ctx); err != nil {
 		return nil, err
 	}
@@ -219,8 +310,27 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 		plats.stop()
 		return nil, fmt.Errorf("http listen %s: %w", addr, err)
 	}
-	hs := &http.Server{Handler: plats.handler(srv.Handler()), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	mux := http.NewServeMux()
+	if rt.metrics != nil && rt.metrics.Handler() != nil {
+		mux.Handle("GET /metrics", rt.metricsHandler())
+	}
+	mux.Handle("/", plats.handler(srv.Handler()))
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	rt.log.Info("http listening", "addr", ln.Addr().String())
+	instance := fmt.Sprintf("%s-%d", hostID(), os.Getpid())
+	svc, err := telemetry.AddService(nc, telemetry.ServiceConfig{Name: rt.names.ServiceName("ingress"), Version: version,
+		Description: "agentfleet ingress: the HTTP adapter and the reply delivery",
+		Metadata:    map[string]string{"http_addr": ln.Addr().String(), "host": hostID()},
+		Subject:     rt.names.ServiceStatusSubject("ingress", session.LaneToken(instance)),
+		Status: func() any {
+			return map[string]any{"http_addr": ln.Addr().String(), "nats_connected": nc.IsConnected()}
+		}})
+	if err != nil {
+		_ = ln.Close()
+		del.Stop()
+		plats.stop()
+		return nil, fmt.Errorf("ingress micro service: %w", err)
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -237,6 +347,7 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
+		_ = svc.Stop()
 		srv.Close()
 		_ = hs.Shutdown(sctx)
 		del.Stop()
@@ -244,6 +355,9 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 	}()
 	return hs, nil
 }
+
+// metricsFlag serves Prometheus metrics on a separate address.
+var metricsFlag = &cli.StringFlag{Name: "metrics", Usage: "serve Prometheus metrics at /metrics on `ADDR` (telemetry.metrics_addr)"}
 
 func hostID() string {
 	h, _ := os.Hostname()
@@ -262,9 +376,10 @@ func upCommand() *cli.Command {
 			&cli.IntFlag{Name: "workers", Value: 2, Usage: "worker loops in this process"},
 			&cli.StringFlag{Name: "agent", Usage: "agent backend `NAME` (agent.name)"},
 			&cli.BoolFlag{Name: "allow-crash", Usage: "let the echo agent's !crash directive exit the process"},
+			metricsFlag,
 		},
 		Action: func(c *cli.Context) error {
-			cfg, src, err := loadConfigSourced(c, map[string]string{"data": "embedded.data_dir", "http": "http.addr", "nats-listen": "embedded.listen", "agent": "agent.name"})
+			cfg, src, err := loadConfigSourced(c, map[string]string{"data": "embedded.data_dir", "http": "http.addr", "nats-listen": "embedded.listen", "agent": "agent.name", "metrics": "telemetry.metrics_addr"})
 			if err != nil {
 				return err
 			}
@@ -301,6 +416,9 @@ func upCommand() *cli.Command {
 			defer stop()
 			var wg sync.WaitGroup
 			errs := make(chan error, 16)
+			if err := rt.startMetrics(ctx, "up", true, &wg, errs); err != nil {
+				return abortStart(ctx, stop, &wg, err)
+			}
 			var provisioned atomic.Bool
 			if _, err := rt.startIngress(ctx, cfg.HTTP.Addr, &wg, errs, func() error {
 				if !provisioned.Load() {
@@ -430,12 +548,13 @@ func workerCommand() *cli.Command {
 			&cli.IntFlag{Name: "workers", Value: 1, Usage: "worker loops in this process"},
 			&cli.BoolFlag{Name: "allow-crash", Usage: "let the echo agent's !crash directive exit the process"},
 			&cli.BoolFlag{Name: "restart", Usage: "a graceful stop of this process is a restart (resume reason restart_timeout)"},
+			metricsFlag,
 		}, natsFlags()...),
 		Action: func(c *cli.Context) error {
 			if c.Int("workers") < 1 {
 				return fmt.Errorf("--workers %d: want at least 1", c.Int("workers"))
 			}
-			cfg, err := loadConfig(c, map[string]string{"id": "worker.id", "agent": "agent.name"})
+			cfg, err := loadConfig(c, map[string]string{"id": "worker.id", "agent": "agent.name", "metrics": "telemetry.metrics_addr"})
 			if err != nil {
 				return err
 			}
@@ -455,6 +574,9 @@ func workerCommand() *cli.Command {
 			rt.ctx = ctx
 			var wg sync.WaitGroup
 			errs := make(chan error, 16)
+			if err := rt.startMetrics(ctx, "worker", false, &wg, errs); err != nil {
+				return abortStart(ctx, stop, &wg, err)
+			}
 			if err := rt.startWorkers(ctx, c.Int("workers"), cfg.Worker.ID, b, c.Bool("restart"), &wg, errs); err != nil {
 				return abortStart(ctx, stop, &wg, err)
 			}
@@ -490,6 +612,9 @@ func ingressCommand() *cli.Command {
 			rt.ctx = ctx
 			var wg sync.WaitGroup
 			errs := make(chan error, 16)
+			if err := rt.startMetrics(ctx, "ingress", true, &wg, errs); err != nil {
+				return abortStart(ctx, stop, &wg, err)
+			}
 			if _, err := rt.startIngress(ctx, cfg.HTTP.Addr, &wg, errs, nil); err != nil {
 				return abortStart(ctx, stop, &wg, err)
 			}
