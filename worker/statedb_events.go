@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
@@ -10,6 +11,7 @@ import (
 // turnEndEvent publishes a turn's end event with the usage of its agent
 // run, when it has one.
 func (l *lane) turnEndEvent(t *session.TurnIntent, status string, u *agent.Usage) {
+	l.w.cfg.Metrics.TurnEnded(context.Background(), status, l.turnStarted)
 	ev := TurnEvent{Type: "end", Lane: l.lane, TurnID: t.ID, SessionID: t.SessionID,
 		Owner: l.w.owner, Epoch: l.lease.Epoch, FirstSeq: t.FirstSeq, LastSeq: t.LastSeq, Attempt: t.Attempt,
 		Status: status, At: time.Now()}
