@@ -20,7 +20,7 @@ import (
 // never nil. ctx bounds the construction only.
 type BackendFactory func(ctx context.Context, cfg config.Config, log *slog.Logger) (agent.Backend, error)
 
-// Backends maps backend names, the values of the agent.name setting and
+// Backends maps backend names, the values of the agent.backend setting and
 // the --agent flag, to their factories.
 type Backends map[string]BackendFactory
 
@@ -34,10 +34,10 @@ func DefaultBackends() Backends {
 	}
 }
 
-// New builds the backend cfg.Agent.Name names ("echo" when empty). log may
+// New builds the backend cfg.Agent.Backend names ("echo" when empty). log may
 // be nil.
 func (b Backends) New(ctx context.Context, cfg config.Config, log *slog.Logger) (agent.Backend, error) {
-	name := cfg.Agent.Name
+	name := cfg.Agent.Backend
 	if name == "" {
 		name = "echo"
 	}

@@ -19,9 +19,9 @@ func TestBackendsNew(t *testing.T) {
 		set  func(*config.Config)
 		want string
 	}{
-		{"unknown", func(c *config.Config) { c.Agent.Name = "gpt" }, `unknown agent backend (available: bridge, echo, openai)`},
-		{"openai without a model", func(c *config.Config) { c.Agent.Name = "openai" }, "a model is required"},
-		{"bridge without a url", func(c *config.Config) { c.Agent.Name = "bridge" }, "agent.bridge.url"},
+		{"unknown", func(c *config.Config) { c.Agent.Backend = "gpt" }, `unknown agent backend (available: bridge, echo, openai)`},
+		{"openai without a model", func(c *config.Config) { c.Agent.Backend = "openai" }, "a model is required"},
+		{"bridge without a url", func(c *config.Config) { c.Agent.Backend = "bridge" }, "agent.bridge.url"},
 	} {
 		cfg := config.Default()
 		c.set(&cfg)
@@ -31,7 +31,7 @@ func TestBackendsNew(t *testing.T) {
 	}
 	for _, name := range []string{"echo", "openai", "bridge"} {
 		cfg := config.Default()
-		cfg.Agent.Name = name
+		cfg.Agent.Backend = name
 		cfg.Agent.OpenAI.Model = "m"
 		cfg.Agent.Bridge.URL = "http://127.0.0.1:1/turn"
 		b, err := reg.New(t.Context(), cfg, nil)
@@ -45,7 +45,7 @@ func TestBackendsNew(t *testing.T) {
 	// A program adds its own backend beside the shipped ones.
 	reg["mine"] = reg["echo"]
 	cfg := config.Default()
-	cfg.Agent.Name = "mine"
+	cfg.Agent.Backend = "mine"
 	if _, err := reg.New(t.Context(), cfg, nil); err != nil {
 		t.Errorf("own backend: %v", err)
 	}

@@ -22,7 +22,7 @@ import (
 type Options struct {
 	// Settings are the fleet's settings (lease, worker, agent, reset
 	// policy, ...), as config.Load returns them. Defaults to
-	// config.Default(). Settings.Agent.Name is not used: Backend is.
+	// config.Default(). Settings.Agent.Backend is not used: Backend is.
 	Settings *config.Config
 	// Backend runs the turns. Required. The worker never closes it: close
 	// it after Run returned.

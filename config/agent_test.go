@@ -13,7 +13,7 @@ func TestAgentBackendSettings(t *testing.T) {
 	t.Parallel()
 	path := writeFile(t, `
 agent:
-  name: openai
+  backend: openai
   openai:
     model: gpt-test
     api_key: sk-from-file

@@ -322,11 +322,11 @@ func (c Config) ConnectedPlatforms() []session.Platform {
 
 // AgentConfig configures the agent backend and turn timing.
 type AgentConfig struct {
-	// Name selects the agent backend (echo is deterministic and needs no
+	// Backend selects the agent backend (echo is deterministic and needs no
 	// network).
 	//
 	// Defaults to "echo".
-	Name string `yaml:"name" json:"name"`
+	Backend string `yaml:"backend" json:"backend"`
 
 	// GatewayTimeout is the longest a turn's agent run may take; an owner whose
 	// agent hangs stops renewing its lease after this plus a grace.
@@ -352,10 +352,10 @@ type AgentConfig struct {
 	// Defaults to false.
 	AllowCrash bool `yaml:"allow_crash" json:"allow_crash"`
 
-	// Bridge configures the bridge backend (agent.name: bridge).
+	// Bridge configures the bridge backend (agent.backend: bridge).
 	Bridge BridgeConfig `yaml:"bridge" json:"bridge"`
 
-	// OpenAI configures the openai backend (agent.name: openai).
+	// OpenAI configures the openai backend (agent.backend: openai).
 	OpenAI OpenAIConfig `yaml:"openai" json:"openai"`
 }
 
@@ -773,7 +773,7 @@ func Default() Config {
 		},
 		Timezone: "Local",
 		Agent: AgentConfig{
-			Name:                         "echo",
+			Backend:                      "echo",
 			GatewayTimeout:               Duration(1800 * time.Second),
 			GatewayAutoContinueFreshness: Duration(3600 * time.Second),
 			RestartDrainTimeout:          Duration(60 * time.Second),

@@ -86,7 +86,7 @@ func TestDefaults(t *testing.T) {
 		{"session_reset.idle_minutes", c.SessionReset.IdleMinutes, 1440},
 		{"session_reset.notify", c.SessionReset.Notify, true},
 		{"timezone", c.Timezone, "Local"},
-		{"agent.name", c.Agent.Name, "echo"},
+		{"agent.backend", c.Agent.Backend, "echo"},
 		{"agent.gateway_timeout", c.Agent.GatewayTimeout.Duration(), 1800 * time.Second},
 		{"agent.gateway_auto_continue_freshness", c.Agent.GatewayAutoContinueFreshness.Duration(), 3600 * time.Second},
 		{"agent.restart_drain_timeout", c.Agent.RestartDrainTimeout.Duration(), 60 * time.Second},
@@ -243,7 +243,7 @@ session_reset:
   idle_minutes: 60
 timezone: UTC
 agent:
-  name: openai
+  backend: openai
   gateway_timeout: 10m
   allow_crash: true
 nats:
@@ -276,7 +276,7 @@ telemetry:
 		{"session_reset.at_hour (kept)", c.SessionReset.AtHour, 4},
 		{"session_reset.notify (kept)", c.SessionReset.Notify, true},
 		{"timezone", c.Timezone, "UTC"},
-		{"agent.name", c.Agent.Name, "openai"},
+		{"agent.backend", c.Agent.Backend, "openai"},
 		{"agent.gateway_timeout", c.Agent.GatewayTimeout.Duration(), 10 * time.Minute},
 		{"agent.gateway_auto_continue_freshness (kept)", c.Agent.GatewayAutoContinueFreshness.Duration(), time.Hour},
 		{"agent.allow_crash", c.Agent.AllowCrash, true},
@@ -465,8 +465,8 @@ func TestInvalidValues(t *testing.T) {
 			wants: []string{`platforms.icq: "icq" is not a known platform`}},
 		{name: "Set bad mode override", set: [2]string{"platforms.telegram.session_reset.mode", "sometimes"},
 			wants: []string{`platforms.telegram.session_reset.mode: "sometimes" is not one of none, idle, daily, both`}},
-		{name: "empty agent name", set: [2]string{"agent.name", ""},
-			wants: []string{`agent.name: "" must not be empty`}},
+		{name: "empty agent name", set: [2]string{"agent.backend", ""},
+			wants: []string{`agent.backend: "" must not be empty`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

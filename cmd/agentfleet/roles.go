@@ -374,12 +374,12 @@ func upCommand() *cli.Command {
 			allowUnauthenticatedFlag,
 			&cli.StringFlag{Name: "nats-listen", Usage: "also open a NATS client port on `ADDR` (embedded.listen)"},
 			&cli.IntFlag{Name: "workers", Value: 2, Usage: "worker loops in this process"},
-			&cli.StringFlag{Name: "agent", Usage: "agent backend `NAME` (agent.name)"},
+			&cli.StringFlag{Name: "agent", Usage: "agent backend `NAME` (agent.backend)"},
 			&cli.BoolFlag{Name: "allow-crash", Usage: "let the echo agent's !crash directive exit the process"},
 			metricsFlag,
 		},
 		Action: func(c *cli.Context) error {
-			cfg, src, err := loadConfigSourced(c, map[string]string{"data": "embedded.data_dir", "http": "http.addr", "nats-listen": "embedded.listen", "agent": "agent.name", "metrics": "telemetry.metrics_addr"})
+			cfg, src, err := loadConfigSourced(c, map[string]string{"data": "embedded.data_dir", "http": "http.addr", "nats-listen": "embedded.listen", "agent": "agent.backend", "metrics": "telemetry.metrics_addr"})
 			if err != nil {
 				return err
 			}
@@ -544,7 +544,7 @@ func workerCommand() *cli.Command {
 		Usage: "run worker loops against NATS (nats.url)",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "id", Usage: "worker `ID` (worker.id)"},
-			&cli.StringFlag{Name: "agent", Usage: "agent backend `NAME` (agent.name)"},
+			&cli.StringFlag{Name: "agent", Usage: "agent backend `NAME` (agent.backend)"},
 			&cli.IntFlag{Name: "workers", Value: 1, Usage: "worker loops in this process"},
 			&cli.BoolFlag{Name: "allow-crash", Usage: "let the echo agent's !crash directive exit the process"},
 			&cli.BoolFlag{Name: "restart", Usage: "a graceful stop of this process is a restart (resume reason restart_timeout)"},
@@ -554,7 +554,7 @@ func workerCommand() *cli.Command {
 			if c.Int("workers") < 1 {
 				return fmt.Errorf("--workers %d: want at least 1", c.Int("workers"))
 			}
-			cfg, err := loadConfig(c, map[string]string{"id": "worker.id", "agent": "agent.name", "metrics": "telemetry.metrics_addr"})
+			cfg, err := loadConfig(c, map[string]string{"id": "worker.id", "agent": "agent.backend", "metrics": "telemetry.metrics_addr"})
 			if err != nil {
 				return err
 			}

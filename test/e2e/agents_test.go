@@ -115,7 +115,7 @@ func TestBridgeKillMidTurnResumes(t *testing.T) {
 	url := startPythonAgent(t)
 	c := newCluster(t)
 	c.startIngress()
-	env := []string{"AGENTFLEET_AGENT_NAME=bridge", "AGENTFLEET_AGENT_BRIDGE_URL=" + url}
+	env := []string{"AGENTFLEET_AGENT_BACKEND=bridge", "AGENTFLEET_AGENT_BRIDGE_URL=" + url}
 	workers := []*workerProc{c.startWorker("b1", env...), c.startWorker("b2", env...)}
 
 	a := c.post("bridge-kill", "resume me\n!notes\n!sleep 6s", "")
