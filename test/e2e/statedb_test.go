@@ -153,6 +153,22 @@ func TestStateDatabaseLive(t *testing.T) {
 		t.Fatalf("search table: %s %v", out, err)
 	}
 
+	// These commands keep fleetctl's conventions: command flags after the
+	// positional arguments and global flags after the subcommand give the
+	// same document.
+	for _, orders := range [][2][]string{
+		{{"search", "--json", "--role", "assistant", "--limit", "5", "kubernetes"}, {"search", "kubernetes", "--limit", "5", "--json", "--role", "assistant"}},
+		{{"--timeout", "20s", "history", "--json", "--limit", "5"}, {"history", "--limit", "5", "--json", "--timeout", "20s"}},
+		{{"export", "--json", r2.SessionID}, {"export", r2.SessionID, "--json"}},
+		{{"--timeout", "20s", "stats", "--json"}, {"stats", "--json", "--timeout", "20s"}},
+	} {
+		a, errA := ctl(orders[0]...)
+		b, errB := ctl(orders[1]...)
+		if errA != nil || errB != nil || len(a) == 0 || !bytes.Equal(a, b) {
+			t.Errorf("fleetctl %v and %v differ: %v %v\n%s\n%s", orders[0], orders[1], errA, errB, a, b)
+		}
+	}
+
 	var ex struct{ Sessions []statedb.ExportedSession }
 	if err := ctlJSON(&ex, "export", "--json", r2.SessionID); err != nil || len(ex.Sessions) != 1 || len(ex.Sessions[0].Messages) != 2 ||
 		ex.Sessions[0].Messages[0].DeletedAt == nil {
