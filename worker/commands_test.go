@@ -804,11 +804,13 @@ func TestQueueDepthAfterNew(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
 	f.startWorker("w1", noReset)
-	lane, sa := f.send("qdepth", "/queue a\n!sleep 1s")
+	// a runs long enough for the depth to be seen on a loaded machine (with
+	// a 1s run the check could come after a ended and b had started).
+	lane, sa := f.send("qdepth", "/queue a\n!sleep 8s")
 	f.send("qdepth", "/queue b")
 	f.send("qdepth", "/queue c")
 	f.waitTurn(lane, sa)
-	natstest.WaitFor(t, 10*time.Second, "queue depth 2 while a runs", func() error {
+	natstest.WaitFor(t, 8*time.Second, "queue depth 2 while a runs", func() error {
 		if d := f.entry(lane).QueueDepth; d != 2 {
 			return fmt.Errorf("queue depth %d", d)
 		}
