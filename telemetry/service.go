@@ -3,6 +3,9 @@ package telemetry
 import (
 	"encoding/json"
 	"errors"
+	"maps"
+	"regexp"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -32,8 +35,18 @@ func AddService(nc *nats.Conn, cfg ServiceConfig) (micro.Service, error) {
 	if cfg.Status == nil {
 		return nil, errors.New("telemetry: service status is required")
 	}
+	version, md := ServiceVersion(cfg.Version), cfg.Metadata
+	if version != cfg.Version {
+		// The build's own version string (a commit id from git describe,
+		// say) is kept beside the semantic version the service API needs.
+		md = maps.Clone(md)
+		if md == nil {
+			md = map[string]string{}
+		}
+		md["build"] = cfg.Version
+	}
 	return micro.AddService(nc, micro.Config{
-		Name: cfg.Name, Version: cfg.Version, Description: cfg.Description, Metadata: cfg.Metadata,
+		Name: cfg.Name, Version: version, Description: cfg.Description, Metadata: md,
 		Endpoint: &micro.EndpointConfig{Subject: cfg.Subject, Handler: micro.HandlerFunc(func(r micro.Request) {
 			data, err := json.Marshal(cfg.Status())
 			if err != nil {
@@ -44,4 +57,31 @@ func AddService(nc *nats.Conn, cfg ServiceConfig) (micro.Service, error) {
 		}), Metadata: map[string]string{"format": "application/json"}},
 		StatsHandler: func(*micro.Endpoint) any { return cfg.Status() },
 	})
+}
+
+// semVer is the semantic versioning 2.0 grammar the micro service API
+// checks versions against.
+var semVer = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$`)
+
+// ServiceVersion returns v when it is a semantic version, else a
+// pre-release of 0.0.0 named after it ("b162c58-dirty" becomes
+// "0.0.0-b162c58-dirty"), so that a binary built with any version string
+// still registers its service.
+func ServiceVersion(v string) string {
+	if semVer.MatchString(v) {
+		return v
+	}
+	id := strings.Map(func(r rune) rune {
+		switch {
+		case r >= '0' && r <= '9', r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r == '-':
+			return r
+		}
+		return '-'
+	}, v)
+	if id == "" {
+		id = "dev"
+	}
+	// A numeric identifier must not start with 0; a leading letter keeps
+	// it alphanumeric.
+	return "0.0.0-v" + id
 }
