@@ -65,18 +65,11 @@ func laneCommand() *cli.Command {
 				ArgsUsage: "KEY_OR_LANE_OR_SESSION_ID",
 				Flags:     []cli.Flag{jsonFlag()},
 				Action: func(c *cli.Context) error {
-					if c.NArg() != 1 {
-						return errors.New("usage: fleetctl lane show KEY_OR_LANE_OR_SESSION_ID")
-					}
-					cl, ctx, done, err := dial(c)
+					cl, ctx, done, lane, err := dialLane(c, "usage: fleetctl lane show KEY_OR_LANE_OR_SESSION_ID")
 					if err != nil {
 						return err
 					}
 					defer done()
-					lane, err := resolveLane(ctx, cl, c.Args().First())
-					if err != nil {
-						return err
-					}
 					e, rev, err := cl.store.Get(ctx, lane)
 					if err != nil {
 						return err
@@ -129,18 +122,11 @@ func laneCommand() *cli.Command {
 				ArgsUsage: "KEY_OR_LANE_OR_SESSION_ID",
 				Flags:     []cli.Flag{jsonFlag()},
 				Action: func(c *cli.Context) error {
-					if c.NArg() != 1 {
-						return errors.New("usage: fleetctl lane break-lease KEY_OR_LANE_OR_SESSION_ID")
-					}
-					cl, ctx, done, err := dial(c)
+					cl, ctx, done, lane, err := dialLane(c, "usage: fleetctl lane break-lease KEY_OR_LANE_OR_SESSION_ID")
 					if err != nil {
 						return err
 					}
 					defer done()
-					lane, err := resolveLane(ctx, cl, c.Args().First())
-					if err != nil {
-						return err
-					}
 					broken, err := breakLease(ctx, cl, lane)
 					if err != nil {
 						return err

@@ -82,6 +82,25 @@ func dial(c *cli.Context) (*client, context.Context, context.CancelFunc, error) 
 	return dialFor(c, false)
 }
 
+// dialLane is the start of every command that takes one session key, lane
+// or session id: it checks the argument count (usage is the error for a
+// wrong one), connects, and resolves the argument to a lane.
+func dialLane(c *cli.Context, usage string) (*client, context.Context, context.CancelFunc, string, error) {
+	if c.NArg() != 1 {
+		return nil, nil, nil, "", errors.New(usage)
+	}
+	cl, ctx, done, err := dial(c)
+	if err != nil {
+		return nil, nil, nil, "", err
+	}
+	lane, err := resolveLane(ctx, cl, c.Args().First())
+	if err != nil {
+		done()
+		return nil, nil, nil, "", err
+	}
+	return cl, ctx, done, lane, nil
+}
+
 // dialFor connects within --timeout; a command that follows the fleet
 // (follow) then runs until it is done or interrupted, without the timeout.
 func dialFor(c *cli.Context, follow bool) (*client, context.Context, context.CancelFunc, error) {
@@ -255,18 +274,11 @@ func sessionCommand() *cli.Command {
 				ArgsUsage: "KEY_OR_SESSION_ID",
 				Flags:     []cli.Flag{jsonFlag()},
 				Action: func(c *cli.Context) error {
-					if c.NArg() != 1 {
-						return errors.New("usage: fleetctl session info KEY_OR_SESSION_ID")
-					}
-					cl, ctx, done, err := dial(c)
+					cl, ctx, done, lane, err := dialLane(c, "usage: fleetctl session info KEY_OR_SESSION_ID")
 					if err != nil {
 						return err
 					}
 					defer done()
-					lane, err := resolveLane(ctx, cl, c.Args().First())
-					if err != nil {
-						return err
-					}
 					e, rev, err := cl.store.Get(ctx, lane)
 					if err != nil {
 						return err

@@ -216,18 +216,11 @@ func sessionHistoryCommand() *cli.Command {
 		ArgsUsage: "KEY_OR_LANE_OR_SESSION_ID",
 		Flags:     []cli.Flag{jsonFlag()},
 		Action: func(c *cli.Context) error {
-			if c.NArg() != 1 {
-				return errors.New("usage: fleetctl session history KEY_OR_LANE_OR_SESSION_ID")
-			}
-			cl, ctx, done, err := dial(c)
+			cl, ctx, done, lane, err := dialLane(c, "usage: fleetctl session history KEY_OR_LANE_OR_SESSION_ID")
 			if err != nil {
 				return err
 			}
 			defer done()
-			lane, err := resolveLane(ctx, cl, c.Args().First())
-			if err != nil {
-				return err
-			}
 			hist, err := cl.res.Sessions.History(ctx, lane)
 			if err != nil {
 				if errors.Is(err, jetstream.ErrKeyNotFound) {
