@@ -141,7 +141,9 @@ func CommandMessage(in *Interaction) (ingress.Message, error) {
 	}, nil
 }
 
-func isThread(channelType int) bool { return channelType == 10 || channelType == 11 || channelType == 12 }
+func isThread(channelType int) bool {
+	return channelType == 10 || channelType == 11 || channelType == 12
+}
 
 func appendOptions(words []string, opts []Option, depth int) []string {
 	if depth > 3 {
