@@ -288,7 +288,7 @@ func (s *Server) buildInbound(req *messageRequest, now time.Time) (*inboxMessage
 	if req.MessageID != "" {
 		pmid = platformMsgID(platform, req.ChatID, req.MessageID)
 	}
-	return s.newInbound(src, req.Text, pmid, now)
+	return s.newInbound(src, req.Text, pmid, now, nil)
 }
 
 // accept publishes m unless it is a known duplicate, and answers only once
