@@ -2,6 +2,7 @@ package ingress_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/ingress"
 	"github.com/agentfleet/agentfleet/session"
 )
@@ -92,5 +94,53 @@ func TestMediaEndpoint(t *testing.T) {
 	}
 	if _, err := ingress.NewMediaLinker(srv.URL, session.PlatformTelegram, nil); err == nil {
 		t.Error("empty key accepted")
+	}
+}
+
+// TestPostMessageWithMedia: attachments and the reply context reach the
+// inbox as references; a voice note is its own (queue) turn, a photo a
+// plain message, a caption is never a command; bad media changes nothing.
+func TestPostMessageWithMedia(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+
+	r := b.post(t, `{"chat_id":"c1","message_id":"m1","text":"/new look",
+		"attachments":[{"kind":"photo","url":"https://files.example/p1.jpg","mime_type":"image/jpeg","size":2048,"caption":"/new look"},
+		               {"kind":"photo","url":"https://files.example/p2.jpg"}],
+		"reply_to":{"message_id":"m0","text":"what do you see?","sender_id":"bot","sender_name":"Fleet"}}`)
+	wantStatus(t, r, http.StatusAccepted)
+	m := b.inboxMsg(t, seqOf(t, r))
+	if k := m.Header.Get(broker.HdrKind); k != session.KindMessage {
+		t.Fatalf("photo message kind %q", k)
+	}
+	var in session.Inbound
+	if err := json.Unmarshal(m.Data, &in); err != nil {
+		t.Fatal(err)
+	}
+	if in.Command != "" || in.Text != "/new look" || len(in.Attachments) != 2 || in.Attachments[0].Size != 2048 ||
+		in.Attachments[1].URL != "https://files.example/p2.jpg" || in.Quote == nil || in.Quote.Text != "what do you see?" || in.ReplyTo != "m0" {
+		t.Fatalf("inbox body %s", m.Data)
+	}
+
+	r = b.post(t, `{"chat_id":"c1","message_id":"m2","attachments":[{"kind":"voice","url":"https://files.example/v.ogg","mime_type":"audio/ogg"}]}`)
+	wantStatus(t, r, http.StatusAccepted)
+	if k := b.inboxMsg(t, seqOf(t, r)).Header.Get(broker.HdrKind); k != session.KindQueue {
+		t.Fatalf("voice note kind %q, want its own turn (%s)", k, session.KindQueue)
+	}
+
+	before := b.inboxCount(t)
+	for body, want := range map[string]string{
+		`{"chat_id":"c1"}`: "text is required",
+		`{"chat_id":"c1","attachments":[{"kind":"photo","file_id":"x"}]}`:                                                              "url is required",
+		`{"chat_id":"c1","attachments":[{"kind":"gif","url":"https://h/a"}]}`:                                                          "attachments[0]: invalid attachment: kind",
+		`{"chat_id":"c1","attachments":[{"kind":"photo","url":"https://u:p@h/a"}]}`:                                                    "user info",
+		`{"chat_id":"c1","attachments":[{"kind":"photo","url":"file:///etc/passwd"}]}`:                                                 "http or https",
+		`{"chat_id":"c1","text":"x","reply_to":{"text":"no id"}}`:                                                                      "message_id is required",
+		`{"chat_id":"c1","text":"x","reply_to":{"message_id":"1","text":"` + strings.Repeat("q", session.MaxQuoteTextLength+1) + `"}}`: "longer than the limit",
+	} {
+		wantError(t, b.post(t, body), http.StatusBadRequest, want)
+	}
+	if after := b.inboxCount(t); after != before {
+		t.Fatalf("refused messages were stored: %d -> %d", before, after)
 	}
 }
