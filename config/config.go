@@ -2,7 +2,9 @@ package config
 
 import (
 	"maps"
+	"net"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/agentfleet/agentfleet/broker"
@@ -808,6 +810,15 @@ type HTTPConfig struct {
 	//
 	// Defaults to 256.
 	MaxReadersPerClient int `yaml:"max_readers_per_client" json:"max_readers_per_client"`
+
+	// PublicURL is the URL at which agents (workers, and a model provider
+	// given image URLs) reach this ingress: the base of the media links of
+	// platforms whose file URLs need the bot's credentials (Telegram,
+	// Slack). See PublicBaseURL.
+	//
+	// Defaults to "" (http://<http.addr>, with a loopback host when the
+	// address names none).
+	PublicURL string `yaml:"public_url" json:"public_url"`
 }
 
 // DeliveryConfig configures outbound reply delivery.
@@ -1086,4 +1097,21 @@ func clonePtr[T any](p *T) *T {
 	}
 	v := *p
 	return &v
+}
+
+// PublicBaseURL is the base of the ingress's media links: PublicURL
+// without a trailing slash, else http:// and http.addr, its host made
+// 127.0.0.1 when the address has none or is a wildcard.
+func (h HTTPConfig) PublicBaseURL() string {
+	if h.PublicURL != "" {
+		return strings.TrimRight(h.PublicURL, "/")
+	}
+	host, port, err := net.SplitHostPort(h.Addr)
+	if err != nil {
+		return "http://" + h.Addr
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port)
 }

@@ -23,7 +23,17 @@ type Inbound struct {
 	PlatformMsgID string `json:"platform_msg_id,omitempty"`
 	// ReplyTo is the platform id of the message this one replies to, when
 	// the user replied to one.
-	ReplyTo    string    `json:"reply_to,omitempty"`
+	ReplyTo string `json:"reply_to,omitempty"`
+	// Quote is the message this one replies to or quotes, with its text
+	// and sender when the platform gives them (Quote.MessageID == ReplyTo).
+	Quote *Quote `json:"quote,omitempty"`
+	// Attachments are the files the message carries, as references (see
+	// Attachment): the bytes are never in the inbox. Text then holds the
+	// caption, if any.
+	Attachments []Attachment `json:"attachments,omitempty"`
+	// MediaGroup is the platform's id of the album this message belongs to
+	// (Telegram media_group_id), when it is one of several sent together.
+	MediaGroup string    `json:"media_group,omitempty"`
 	ReceivedAt time.Time `json:"received_at"`
 }
 

@@ -56,10 +56,15 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 	tg := rt.cfg.Telegram()
 	if tg.Token != "" {
 		a, err := telegram.New(pub, telegram.Config{Token: tg.Token, WebhookSecret: tg.WebhookSecret, APIBase: tg.APIBase,
-			MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), Logger: rt.log})
+			MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), MediaBaseURL: rt.cfg.HTTP.PublicBaseURL(), Logger: rt.log})
 		if err != nil {
 			return nil, err
 		}
+		mh, err := a.MediaHandler(0)
+		if err != nil {
+			return nil, err
+		}
+		p.routes[ingress.MediaPathPrefix+"telegram/"] = mh
 		switch tg.Mode {
 		case config.TelegramModePoll:
 			s, err := ingress.NewSingleton(js, res, ingress.SingletonConfig{Names: rt.names, Kind: "telegram_poll",
@@ -89,11 +94,24 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 	}
 	sl := rt.cfg.Slack()
 	if sl.Enabled() {
+		media := ""
+		if sl.BotToken != "" {
+			media = rt.cfg.HTTP.PublicBaseURL()
+		}
 		a, err := slack.New(pub, slack.Config{SigningSecret: sl.SigningSecret, BotToken: sl.BotToken, APIBase: sl.APIBase,
-			RequireMention: sl.RequireMention, MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), Logger: rt.log})
+			RequireMention: sl.RequireMention, MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), MediaBaseURL: media,
+			Logger: rt.log})
 		if err != nil {
 			p.stop()
 			return nil, fmt.Errorf("platforms.slack: %w", err)
+		}
+		if media != "" {
+			mh, err := a.MediaHandler(0)
+			if err != nil {
+				p.stop()
+				return nil, fmt.Errorf("platforms.slack: %w", err)
+			}
+			p.routes[ingress.MediaPathPrefix+"slack/"] = mh
 		}
 		if sl.SigningSecret != "" {
 			h, err := a.Handler()
