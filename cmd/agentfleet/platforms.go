@@ -144,10 +144,18 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 	if wa := rt.cfg.WhatsAppCloud(); wa.Enabled() {
 		a, err := whatsapp.New(pub, js, res, whatsapp.Config{AppSecret: wa.AppSecret, VerifyToken: wa.VerifyToken,
 			AccessToken: wa.AccessToken, PhoneNumberID: wa.PhoneNumberID, APIBase: wa.APIBase,
-			MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), Logger: rt.log})
+			MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), MediaBaseURL: rt.cfg.HTTP.PublicBaseURL(), Logger: rt.log})
 		if err != nil {
 			p.stop()
 			return nil, fmt.Errorf("platforms.whatsapp: %w", err)
+		}
+		if wa.AccessToken != "" {
+			mh, err := a.MediaHandler(0)
+			if err != nil {
+				p.stop()
+				return nil, fmt.Errorf("platforms.whatsapp: %w", err)
+			}
+			p.routes[ingress.MediaPathPrefix+"whatsapp/"] = mh
 		}
 		h, err := a.Handler()
 		if err != nil {

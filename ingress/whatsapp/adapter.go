@@ -80,6 +80,12 @@ type Config struct {
 	// APIBase is the Graph API base URL with version. Defaults to
 	// DefaultAPIBase.
 	APIBase string
+	// MediaBaseURL is the URL at which agents reach this ingress (its
+	// http.public_url): attachments get links to its media endpoint,
+	// GET /v1/media/whatsapp/<media id>, which downloads the file with the
+	// access token on the agent's behalf. Empty (or no access token):
+	// attachments carry the media id only.
+	MediaBaseURL string
 	// MaxBodyBytes caps a webhook body. Defaults to 1 MiB.
 	MaxBodyBytes int64
 	// HTTPClient makes the API calls. Defaults to a client with a 30 s
@@ -100,6 +106,8 @@ type Adapter struct {
 	res   *broker.Resources
 	names broker.Names
 	log   *slog.Logger
+	// linker makes the media links (nil without Config.MediaBaseURL).
+	linker *ingress.MediaLinker
 }
 
 // New returns the adapter publishing through pub; js and res hold the
@@ -124,8 +132,16 @@ func New(pub *ingress.Publisher, js jetstream.JetStream, res *broker.Resources, 
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Adapter{cfg: cfg, pub: pub, js: js, res: res, names: pub.Names(),
-		log: cfg.Logger.With(slog.String("platform", "whatsapp"))}, nil
+	a := &Adapter{cfg: cfg, pub: pub, js: js, res: res, names: pub.Names(),
+		log: cfg.Logger.With(slog.String("platform", "whatsapp"))}
+	if cfg.MediaBaseURL != "" && cfg.AccessToken != "" {
+		l, err := ingress.NewMediaLinker(cfg.MediaBaseURL, session.PlatformWhatsApp, ingress.MediaKey(cfg.AccessToken))
+		if err != nil {
+			return nil, fmt.Errorf("whatsapp: %w", err)
+		}
+		a.linker = l
+	}
+	return a, nil
 }
 
 // Handler serves GET and POST /webhooks/whatsapp. It refuses to exist
@@ -289,6 +305,7 @@ func (a *Adapter) handleMessage(ctx context.Context, v *Value, m *Message) (ingr
 	if err != nil {
 		return ingress.Accepted{}, err
 	}
+	a.link(&msg)
 	acc, err := a.pub.Publish(ctx, msg)
 	if err != nil {
 		return ingress.Accepted{}, err

@@ -102,12 +102,14 @@ func TestToMessageRecorded(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		file, skip, text, replyTo string
+		att                       *session.Attachment
 	}{
 		{file: "text.json", text: "Does it come in another color?"},
 		{file: "reply_context.json", text: "yes, the blue one", replyTo: "wamid.HBgLMTY1MDM4Nzk0MzkVAgARGBI0QjUzMjMwNjY3NjdCMjhGNUQA"},
-		{file: "image_caption.json", text: "what is this plant?"},
+		{file: "image_caption.json", text: "what is this plant?",
+			att: &session.Attachment{Kind: session.AttachPhoto, FileID: "1003383421387256", MimeType: "image/jpeg", Caption: "what is this plant?"}},
 		{file: "button_reply.json", text: "Change it", replyTo: "wamid.HBgLMTY1MDM4Nzk0MzkVAgARGBJBMDg3NjlCQjJFMTQ0RkUwMkMA"},
-		{file: "voice.json", skip: "no text"},
+		{file: "voice.json", att: &session.Attachment{Kind: session.AttachVoice, FileID: "1446218129866312", MimeType: "audio/ogg; codecs=opus"}},
 		{file: "reaction.json", skip: `message type "reaction"`},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
@@ -132,6 +134,12 @@ func TestToMessageRecorded(t *testing.T) {
 			if src.Platform != session.PlatformWhatsApp || src.ChatType != session.ChatDM || src.ChatID != sheena ||
 				src.UserID != sheena || src.UserName != "Sheena Nelson" || m.Text != tc.text || m.ReplyTo != tc.replyTo {
 				t.Errorf("ToMessage = %+v", m)
+			}
+			if tc.att == nil && len(m.Attachments) != 0 || tc.att != nil && (len(m.Attachments) != 1 || m.Attachments[0] != *tc.att) {
+				t.Errorf("attachments = %+v, want %+v", m.Attachments, tc.att)
+			}
+			if tc.replyTo != "" && (m.Quote == nil || m.Quote.MessageID != tc.replyTo || m.Quote.SenderID != "15550783881") {
+				t.Errorf("quote = %+v", m.Quote)
 			}
 			if want := "whatsapp:" + sheena + ":" + v.Messages[0].ID; m.DedupID != want {
 				t.Errorf("DedupID = %q, want %q", m.DedupID, want)
@@ -216,7 +224,7 @@ func TestDedupAndStatuses(t *testing.T) {
 			t.Fatalf("post %d: %d %s", i, status, resp)
 		}
 	}
-	for _, f := range []string{"status_delivered.json", "status_failed.json", "status_failed.json", "reaction.json", "voice.json"} {
+	for _, f := range []string{"status_delivered.json", "status_failed.json", "status_failed.json", "reaction.json"} {
 		if status, resp := b.postSigned(readFile(t, f)); status != http.StatusOK {
 			t.Fatalf("%s: %d %s", f, status, resp)
 		}
@@ -467,11 +475,68 @@ func FuzzParsePayload(f *testing.F) {
 					if err != nil {
 						continue
 					}
-					if strings.TrimSpace(m.Text) == "" || m.DedupID == "" || m.Source.ChatType != session.ChatDM || m.Source.ChatID == "" {
+					if strings.TrimSpace(m.Text) == "" && len(m.Attachments) == 0 || m.DedupID == "" || m.Source.ChatType != session.ChatDM || m.Source.ChatID == "" {
 						t.Fatalf("accepted an unusable message: %+v", m)
 					}
 				}
 			}
 		}
 	})
+}
+
+// TestMediaLinks: with a media base URL, a voice note and a captioned
+// image reach the inbox as attachments whose URLs point at the ingress's
+// media endpoint (no token in them); the endpoint fetches the bytes from
+// the Graph API with the access token; a voice note is its own turn.
+func TestMediaLinks(t *testing.T) {
+	t.Parallel()
+	env := platformtest.New(t)
+	api := whatsapptest.New(t)
+	api.AddMedia("1446218129866312", "audio/ogg", []byte("OggS voice bytes"))
+	a, err := whatsapp.New(env.Pub, env.JS, env.Res, whatsapp.Config{AppSecret: appSecret, VerifyToken: verifyToken,
+		AccessToken: whatsapptest.Token, PhoneNumberID: whatsapptest.PhoneNumberID, APIBase: api.URL + "/v23.0",
+		MediaBaseURL: "http://ingress.example:8080"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"image_caption.json", "voice.json"} {
+		if _, err := a.Handle(context.Background(), readFile(t, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in := env.Inbox()
+	if len(in) != 2 || len(in[0].Attachments) != 1 || len(in[1].Attachments) != 1 || in[1].Kind != session.KindQueue {
+		t.Fatalf("inbox = %+v", in)
+	}
+	voice := in[1].Attachments[0]
+	if voice.Kind != session.AttachVoice || !strings.HasPrefix(voice.URL, "http://ingress.example:8080/v1/media/whatsapp/1446218129866312?sig=") ||
+		strings.Contains(voice.URL, whatsapptest.Token) {
+		t.Fatalf("voice attachment %+v", voice)
+	}
+	h, err := a.MediaHandler(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	get := func(u string) (int, string) {
+		resp, err := srv.Client().Get(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		data, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(data)
+	}
+	path := strings.TrimPrefix(voice.URL, "http://ingress.example:8080")
+	if status, body := get(srv.URL + path); status != http.StatusOK || body != "OggS voice bytes" {
+		t.Fatalf("media: %d %q", status, body)
+	}
+	if status, _ := get(srv.URL + strings.Replace(path, "sig=", "sig=0", 1)); status != http.StatusForbidden {
+		t.Errorf("bad signature: %d", status)
+	}
+	image := in[0].Attachments[0]
+	if status, _ := get(srv.URL + strings.TrimPrefix(image.URL, "http://ingress.example:8080")); status != http.StatusNotFound {
+		t.Errorf("unknown media: %d, want 404", status)
+	}
 }

@@ -162,11 +162,13 @@ func ParsePayload(data []byte) (*Payload, error) {
 // (the Cloud API has no group chats for businesses) whose chat and user are
 // the sender's wa_id, canonicalized later by the session key's WhatsApp
 // rules; the text of a text, button or interactive reply, or a media
-// caption; the quoted message as ReplyTo; the de-duplication id
-// "whatsapp:<from>:<wamid>". Reactions, media without a caption, and other
-// kinds come back as *Skip; a message without sender or id, or whose text
-// is longer than the Cloud API allows, as an error wrapping
-// ingress.ErrRejected.
+// caption; an image, voice note (audio with voice set), audio, video,
+// document or sticker as an attachment carrying its media id (the URL is
+// the caller's: media downloads need the access token); the quoted message
+// (context) as Quote; the de-duplication id "whatsapp:<from>:<wamid>".
+// Reactions and other kinds come back as *Skip; a message without sender
+// or id, or whose text is longer than the Cloud API allows, as an error
+// wrapping ingress.ErrRejected.
 func ToMessage(v *Value, m *Message) (ingress.Message, error) {
 	if m.From == "" || m.ID == "" {
 		return ingress.Message{}, fmt.Errorf("%w: message without from or id", ingress.ErrRejected)
@@ -175,6 +177,7 @@ func ToMessage(v *Value, m *Message) (ingress.Message, error) {
 		return ingress.Message{}, fmt.Errorf("%w: unusable from or id", ingress.ErrRejected)
 	}
 	var text string
+	var atts []session.Attachment
 	switch m.Type {
 	case "text":
 		if m.Text != nil {
@@ -194,13 +197,17 @@ func ToMessage(v *Value, m *Message) (ingress.Message, error) {
 			}
 		}
 	case "image", "video", "document", "audio", "sticker":
-		if md := m.media(); md != nil {
-			text = md.Caption
+		md := m.media()
+		if md == nil || md.ID == "" {
+			return ingress.Message{}, fmt.Errorf("%w: %s message without a media id", ingress.ErrRejected, m.Type)
 		}
+		text = md.Caption
+		atts = append(atts, session.Attachment{Kind: attachKind(m.Type, md), FileID: md.ID, MimeType: md.MimeType,
+			Name: md.Filename, Caption: md.Caption})
 	default:
 		return ingress.Message{}, &Skip{"message type " + strconv.Quote(m.Type)}
 	}
-	if strings.TrimSpace(text) == "" {
+	if strings.TrimSpace(text) == "" && len(atts) == 0 {
 		return ingress.Message{}, &Skip{"no text"}
 	}
 	if !utf8.ValidString(text) {
@@ -223,14 +230,36 @@ func ToMessage(v *Value, m *Message) (ingress.Message, error) {
 		}
 	}
 	out := ingress.Message{
-		Source:  src,
-		Text:    text,
-		DedupID: ingress.PlatformMsgID(session.PlatformWhatsApp, m.From, m.ID),
+		Source:      src,
+		Text:        text,
+		Attachments: atts,
+		DedupID:     ingress.PlatformMsgID(session.PlatformWhatsApp, m.From, m.ID),
 	}
 	if m.Context != nil && m.Context.ID != "" {
 		out.ReplyTo = m.Context.ID
+		// The Cloud API names the quoted message and its sender, not its text.
+		out.Quote = &session.Quote{MessageID: m.Context.ID, SenderID: m.Context.From}
 	}
 	return out, nil
+}
+
+// attachKind maps a media message type onto an attachment kind: an audio
+// recorded in the app (voice set) is a voice note.
+func attachKind(typ string, md *Media) string {
+	switch typ {
+	case "image":
+		return session.AttachPhoto
+	case "audio":
+		if md.Voice {
+			return session.AttachVoice
+		}
+		return session.AttachAudio
+	case "video":
+		return session.AttachVideo
+	case "sticker":
+		return session.AttachSticker
+	}
+	return session.AttachDocument
 }
 
 func (m *Message) media() *Media {

@@ -2,7 +2,8 @@
 // send endpoint, for tests: POST /{phone_number_id}/messages with a bearer
 // token, answering as the Graph API does (a wamid on success; the Graph
 // error envelope with scripted failures: 429, 5xx, error codes such as
-// 131047 or 130429), recording what was sent.
+// 131047 or 130429), recording what was sent; and media downloads (GET
+// /{media id} for the download URL, then the bytes, both with the token).
 package whatsapptest
 
 import (
@@ -52,6 +53,47 @@ type Server struct {
 	sent     []Sent
 	attempts []Sent
 	failures []Failure
+	media    map[string]media
+}
+
+type media struct {
+	mime string
+	data []byte
+}
+
+// AddMedia makes a media id known: GET /{media id} answers its download
+// URL, and the download (with the token) its bytes.
+func (s *Server) AddMedia(id, mime string, data []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.media == nil {
+		s.media = map[string]media{}
+	}
+	s.media[id] = media{mime: mime, data: data}
+}
+
+// serveMedia answers GET /{version}/{media id} and GET /download/{media id}.
+func (s *Server) serveMedia(w http.ResponseWriter, r *http.Request, parts []string) {
+	if r.Header.Get("Authorization") != "Bearer "+Token {
+		graphError(w, http.StatusUnauthorized, 190, "Invalid OAuth access token")
+		return
+	}
+	id := parts[len(parts)-1]
+	s.mu.Lock()
+	m, ok := s.media[id]
+	s.mu.Unlock()
+	if !ok {
+		graphError(w, http.StatusBadRequest, 100, "Unsupported get request. Object with ID '"+id+"' does not exist")
+		return
+	}
+	if parts[0] == "download" {
+		w.Header().Set("Content-Type", m.mime)
+		_, _ = w.Write(m.data)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"messaging_product": "whatsapp", "url": s.URL + "/download/" + id,
+		"mime_type": m.mime, "sha256": "x", "file_size": len(m.data), "id": id})
 }
 
 // New starts a server; it is closed when the test ends.
@@ -96,6 +138,10 @@ func graphError(w http.ResponseWriter, status, code int, msg string) {
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	path := strings.Trim(r.URL.Path, "/")
 	parts := strings.Split(path, "/")
+	if r.Method == http.MethodGet && len(parts) == 2 {
+		s.serveMedia(w, r, parts)
+		return
+	}
 	if r.Method != http.MethodPost || len(parts) < 2 || parts[len(parts)-1] != "messages" {
 		graphError(w, http.StatusNotFound, 100, "Unsupported request")
 		return
