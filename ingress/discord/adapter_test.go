@@ -155,6 +155,9 @@ func TestToMessageRecorded(t *testing.T) {
 			if want := "discord:" + m.ChannelID.String() + ":" + m.ID.String(); out.DedupID != want {
 				t.Errorf("DedupID = %q", out.DedupID)
 			}
+			if tc.replyTo != "" && (out.Quote == nil || out.Quote.Text != "Here is the summary you asked for." || out.Quote.SenderID != discordtest.BotID) {
+				t.Errorf("quote = %+v", out.Quote)
+			}
 		})
 	}
 }
@@ -499,6 +502,49 @@ func TestGatewayDroppedConnection(t *testing.T) {
 	}
 }
 
+// TestAttachments: a voice message and an image reach the agent as
+// attachments with Discord's CDN URLs; the voice message is its own turn.
+func TestAttachments(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		file, kind, mime, name, text string
+		size                         int64
+	}{
+		{"message_voice.json", session.AttachVoice, "audio/ogg", "voice-message.ogg", "", 18412},
+		{"message_image.json", session.AttachPhoto, "image/png", "dashboard.png", "what is on this dashboard?", 204800},
+	} {
+		m, err := discord.ParseMessage(readFile(t, tc.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := discord.ToMessage(m, discord.Channel{}, snowflake.MustParse(discordtest.BotID), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out.Attachments) != 1 || out.Text != tc.text {
+			t.Fatalf("%s: %+v", tc.file, out)
+		}
+		a := out.Attachments[0]
+		if a.Kind != tc.kind || a.MimeType != tc.mime || a.Name != tc.name || a.Size != tc.size ||
+			!strings.HasPrefix(a.URL, "https://cdn.discordapp.com/attachments/") || a.FileID != m.Attachments[0].ID.String() {
+			t.Errorf("%s: attachment %+v", tc.file, a)
+		}
+	}
+	b := setup(t)
+	b.startGateway("A")
+	natstest.WaitFor(t, waitTimeout, "connected", func() error {
+		if !b.api.Connected() {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	b.api.Dispatch("MESSAGE_CREATE", string(readFile(t, "message_voice.json")))
+	in := b.waitInbox(1)
+	if in[0].Kind != session.KindQueue || len(in[0].Attachments) != 1 || in[0].Attachments[0].Kind != session.AttachVoice {
+		t.Fatalf("inbox = %+v", in)
+	}
+}
+
 // FuzzParse: no input makes the message or interaction parsers, or the
 // conversions, panic; what they accept is a usable message.
 func FuzzParse(f *testing.F) {
@@ -512,7 +558,7 @@ func FuzzParse(f *testing.F) {
 		if m, err := discord.ParseMessage(data); err == nil {
 			for _, ch := range []discord.Channel{{}, {ParentID: 5}} {
 				out, err := discord.ToMessage(m, ch, bot, false)
-				if err == nil && (strings.TrimSpace(out.Text) == "" || out.DedupID == "" || !session.ValidChatType(out.Source.ChatType)) {
+				if err == nil && (strings.TrimSpace(out.Text) == "" && len(out.Attachments) == 0 || out.DedupID == "" || !session.ValidChatType(out.Source.ChatType)) {
 					t.Fatalf("accepted an unusable message: %+v", out)
 				}
 			}

@@ -103,7 +103,11 @@ func ToMessage(m *discord.Message, ch Channel, botID snowflake.ID, requireMentio
 			return ingress.Message{}, &Skip{"guild message without a mention of the bot"}
 		}
 	}
-	if strings.TrimSpace(text) == "" {
+	atts, err := attachments(m)
+	if err != nil {
+		return ingress.Message{}, err
+	}
+	if strings.TrimSpace(text) == "" && len(atts) == 0 {
 		return ingress.Message{}, &Skip{"no text"}
 	}
 	if !utf8.ValidString(text) {
@@ -113,12 +117,55 @@ func ToMessage(m *discord.Message, ch Channel, botID snowflake.ID, requireMentio
 		return ingress.Message{}, fmt.Errorf("%w: %w: text of %d characters is longer than Discord's %d", ingress.ErrRejected, ingress.ErrTooLarge, n, MaxTextLength)
 	}
 	out := ingress.Message{
-		Source:  src,
-		Text:    text,
-		DedupID: ingress.PlatformMsgID(session.PlatformDiscord, m.ChannelID.String(), m.ID.String()),
+		Source:      src,
+		Text:        text,
+		Attachments: atts,
+		DedupID:     ingress.PlatformMsgID(session.PlatformDiscord, m.ChannelID.String(), m.ID.String()),
 	}
 	if r := m.MessageReference; r != nil && r.MessageID != nil && m.Type == discord.MessageTypeReply {
 		out.ReplyTo = r.MessageID.String()
+		q := &session.Quote{MessageID: out.ReplyTo}
+		if rm := m.ReferencedMessage; rm != nil && rm.ID == *r.MessageID {
+			q.Text = rm.Content
+			q.SenderID = rm.Author.ID.String()
+			q.SenderName = userName(rm.Author)
+			q.Trim()
+		}
+		out.Quote = q
+	}
+	return out, nil
+}
+
+// attachments maps a message's files onto attachments: images are photos,
+// a voice message's audio a voice note, other audio, videos, and anything
+// else documents. Their URLs are Discord's CDN links, which need no bot
+// credential (they are signed and expire after about a day).
+func attachments(m *discord.Message) ([]session.Attachment, error) {
+	if len(m.Attachments) > session.MaxAttachments {
+		return nil, fmt.Errorf("%w: %d attachments", ingress.ErrRejected, len(m.Attachments))
+	}
+	var out []session.Attachment
+	for _, a := range m.Attachments {
+		mime := ""
+		if a.ContentType != nil {
+			mime = *a.ContentType
+		}
+		kind := session.AttachDocument
+		switch {
+		case strings.HasPrefix(mime, "image/"):
+			kind = session.AttachPhoto
+		case strings.HasPrefix(mime, "audio/") && m.Flags.Has(discord.MessageFlagIsVoiceMessage):
+			kind = session.AttachVoice
+		case strings.HasPrefix(mime, "audio/"):
+			kind = session.AttachAudio
+		case strings.HasPrefix(mime, "video/"):
+			kind = session.AttachVideo
+		}
+		at := session.Attachment{Kind: kind, FileID: a.ID.String(), URL: a.URL, MimeType: mime, Size: int64(a.Size), Name: a.Filename}
+		if at.URL == "" {
+			at.URL = a.ProxyURL
+		}
+		out = append(out, at)
 	}
 	return out, nil
 }
