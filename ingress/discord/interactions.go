@@ -33,6 +33,10 @@ const (
 	flagEphemeral           = 64
 )
 
+// AckBudget is how long storing a slash command may take: Discord wants
+// the first answer within 3 seconds.
+const AckBudget = 2500 * time.Millisecond
+
 // Interaction is the part of an interaction payload the adapter reads.
 type Interaction struct {
 	ID            string `json:"id"`
@@ -229,6 +233,9 @@ func (a *Adapter) serveInteraction(w http.ResponseWriter, r *http.Request) {
 // until the follow-up). Discord does not retry interactions: what cannot
 // be stored is told to the user at once.
 func (a *Adapter) command(w http.ResponseWriter, ctx context.Context, in *Interaction) {
+	// Discord invalidates the interaction after 3 s without an answer.
+	ctx, cancel := context.WithTimeout(ctx, AckBudget)
+	defer cancel()
 	m, err := CommandMessage(in)
 	var skip *Skip
 	switch {
@@ -241,7 +248,13 @@ func (a *Adapter) command(w http.ResponseWriter, ctx context.Context, in *Intera
 	}
 	acc, err := a.pub.Publish(ctx, m)
 	if err == nil {
-		err = a.storeInteraction(ctx, acc.SessionKey, in)
+		if serr := a.storeInteraction(ctx, acc.SessionKey, in); serr != nil {
+			// Stored, but the reply cannot find this interaction: it goes
+			// to the channel, and the user is told so instead of waiting.
+			a.log.LogAttrs(ctx, slog.LevelWarn, "slash command stored without its follow-up record", slog.Any("error", serr))
+			ephemeral(w, "Accepted; the answer will be posted in the channel.")
+			return
+		}
 	}
 	if err != nil {
 		a.log.LogAttrs(ctx, slog.LevelWarn, "slash command not accepted", slog.String("command", m.Text), slog.Any("error", err))
