@@ -571,3 +571,66 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestGatewayInvalidSession: a recorded session Discord no longer knows is
+// answered INVALID_SESSION; the holder identifies anew and messages flow.
+func TestGatewayInvalidSession(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	stale := fmt.Sprintf(`{"session_id":"gone","resume_url":%q,"seq":41}`, b.api.GatewayURL())
+	if _, err := b.Res.Delivered.Put(ctx, discord.GatewayStateKey(discordtest.Token), []byte(stale)); err != nil {
+		t.Fatal(err)
+	}
+	b.startGateway("A")
+	natstest.WaitFor(t, waitTimeout, "a new session", func() error {
+		if !b.api.Connected() {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	b.api.Dispatch("MESSAGE_CREATE", dm(1))
+	if in := b.waitInbox(1); in[0].Text != "m1" {
+		t.Fatalf("inbox = %+v", in)
+	}
+	rs := b.api.Resumes()
+	if len(rs) != 1 || rs[0].Known || rs[0].SessionID != "gone" || rs[0].Seq != 41 || b.api.Identifies() != 1 {
+		t.Fatalf("resumes %+v, identifies %d: want the stale RESUME refused, then one IDENTIFY", rs, b.api.Identifies())
+	}
+	e, err := b.Res.Delivered.Get(ctx, discord.GatewayStateKey(discordtest.Token))
+	if err != nil || !strings.Contains(string(e.Value()), `"session_id":"session0001"`) {
+		t.Fatalf("recorded state %s, %v", e.Value(), err)
+	}
+}
+
+// TestGatewayZombie: a connection whose heartbeats go unanswered is closed
+// by the client, which resumes the session on a new one.
+func TestGatewayZombie(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startGateway("A")
+	natstest.WaitFor(t, waitTimeout, "connected", func() error {
+		if !b.api.Connected() {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	b.api.Dispatch("MESSAGE_CREATE", dm(1))
+	b.waitInbox(1)
+	b.api.SetHeartbeatACK(false)
+	natstest.WaitFor(t, waitTimeout, "a resume after the zombie connection", func() error {
+		if len(b.api.Resumes()) == 0 {
+			return errors.New("no resume yet")
+		}
+		return nil
+	})
+	b.api.SetHeartbeatACK(true)
+	b.api.Dispatch("MESSAGE_CREATE", dm(2))
+	if in := b.waitInbox(2); in[1].Text != "m2" {
+		t.Fatalf("inbox = %+v", in)
+	}
+	if n := b.api.Identifies(); n != 1 {
+		t.Errorf("%d IDENTIFYs, want the session resumed", n)
+	}
+}

@@ -69,6 +69,15 @@ type Server struct {
 	sent      []Sent
 	attempts  []Sent
 	failures  []Failure
+	noACK     bool
+}
+
+// SetHeartbeatACK makes the gateway answer heartbeats (true, the default)
+// or leave them unanswered, as a zombie connection does.
+func (s *Server) SetHeartbeatACK(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.noACK = !on
 }
 
 // Resume is a RESUME the gateway received.
@@ -328,7 +337,10 @@ func (s *Server) gateway(w http.ResponseWriter, r *http.Request) {
 		}
 		switch msg.Op {
 		case 1: // heartbeat
-			if c.send(map[string]any{"op": 11}) != nil {
+			s.mu.Lock()
+			zombie := s.noACK
+			s.mu.Unlock()
+			if !zombie && c.send(map[string]any{"op": 11}) != nil {
 				return
 			}
 		case 2: // identify
