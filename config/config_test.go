@@ -1012,4 +1012,24 @@ func TestPlatformSettings(t *testing.T) {
 	if !c.Slack().RequireMention {
 		t.Error("require_mention defaults to true")
 	}
+	for k, v := range map[string]string{"platforms.whatsapp.app_secret": "as", "platforms.whatsapp.verify_token": "vt",
+		"platforms.whatsapp.access_token": "EAAt", "platforms.discord.token": "dtok", "platforms.discord.require_mention": "false"} {
+		if err := c.Set(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r = c.Redacted()
+	if wa := r.Platforms["whatsapp"]; wa.AppSecret != "[redacted]" || wa.VerifyToken != "[redacted]" || wa.AccessToken != "[redacted]" ||
+		r.Platforms["discord"].Token != "[redacted]" {
+		t.Errorf("Redacted() left a platform secret: %+v", r.Platforms)
+	}
+	if got := c.ConnectedPlatforms(); len(got) != 5 {
+		t.Errorf("ConnectedPlatforms() = %v, want http, telegram, slack, whatsapp, discord", got)
+	}
+	if d := c.Discord(); d.RequireMention || d.GatewayURL != config.DefaultDiscordGateway || d.APIBase != config.DefaultDiscordAPIBase {
+		t.Errorf("Discord() = %+v", d)
+	}
+	if c.WhatsAppCloud().APIBase != config.DefaultWhatsAppAPIBase {
+		t.Errorf("WhatsAppCloud() = %+v", c.WhatsAppCloud())
+	}
 }

@@ -47,8 +47,10 @@ const (
 	// MaxMessageLength is the longest text message body the Cloud API
 	// sends, in characters: longer replies are split.
 	MaxMessageLength = 4096
-	// ChatInterval paces messages to one user.
-	ChatInterval = 200 * time.Millisecond
+	// ChatInterval paces messages to one user (WhatsApp limits the
+	// messages from one business number to one user; a burst of parts
+	// is spread out rather than refused with error 131056).
+	ChatInterval = time.Second
 	// Window is WhatsApp's customer-service window: free-form messages may
 	// be sent until 24 hours after the user's last message.
 	Window = 24 * time.Hour
