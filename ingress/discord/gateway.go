@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/disgoorg/disgo/rest"
 	"github.com/disgoorg/snowflake/v2"
 	"github.com/gorilla/websocket"
 	"github.com/nats-io/nats.go/jetstream"
@@ -422,11 +424,18 @@ func (g *gatewayRun) publish(ctx context.Context, data []byte) error {
 	var ch Channel
 	if m.GuildID != nil && !m.Author.Bot && m.WebhookID == nil {
 		c, err := g.a.channel(ctx, m.ChannelID)
-		if err != nil {
-			// Without it a thread could land in the wrong lane.
+		switch {
+		case err == nil:
+			ch = c
+		case refused(err):
+			// Discord will not say (403, 404): take it for a channel of
+			// its own rather than hold up every later message.
+			g.log.LogAttrs(ctx, slog.LevelWarn, "channel lookup refused; taking it for a plain channel",
+				slog.String("channel_id", m.ChannelID.String()), slog.Any("error", err))
+		default:
+			// Without it a thread could land in the wrong lane: retry.
 			return fmt.Errorf("%w: channel %s: %w", ingress.ErrUnavailable, m.ChannelID, err)
 		}
-		ch = c
 	}
 	msg, err := ToMessage(m, ch, g.botID, g.a.cfg.RequireMention)
 	if err != nil {
@@ -439,6 +448,16 @@ func (g *gatewayRun) publish(ctx context.Context, data []byte) error {
 	g.log.LogAttrs(ctx, slog.LevelDebug, "message accepted", slog.String("message_id", m.ID.String()),
 		slog.String("session_key", res.SessionKey), slog.Uint64("seq", res.Seq), slog.Bool("duplicate", res.Duplicate))
 	return nil
+}
+
+// refused reports whether a REST call failed for good (a 4xx but 429).
+func refused(err error) bool {
+	var re rest.Error
+	if !errors.As(err, &re) || re.Response == nil {
+		return false
+	}
+	code := re.Response.StatusCode
+	return code >= 400 && code < 500 && code != http.StatusTooManyRequests
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {
