@@ -250,10 +250,10 @@ func (c *Console) laneRows(ctx context.Context, fl *admin.Fleet, f laneFilter) (
 }
 
 type lanesData struct {
-	Rows                []laneRow
-	Truncated           bool
-	Platform, State     string
-	Platforms, States   []string
+	Rows              []laneRow
+	Truncated         bool
+	Platform, State   string
+	Platforms, States []string
 }
 
 func platformNames() []string {

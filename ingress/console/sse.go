@@ -270,4 +270,3 @@ func parseSeq(s string) (uint64, error) {
 	_, err := fmt.Sscan(s, &n)
 	return n, err
 }
-
