@@ -16,7 +16,8 @@ import (
 // Minute is one bucket of a History.
 type Minute struct {
 	Start time.Time `json:"start"`
-	// Turns ended in the minute, Failures those that did not complete,
+	// Turns ended in the minute, Failures those that failed or were
+	// interrupted (a stopped turn, a command's or a duplicate's is none),
 	// DeadLetters the messages dead-lettered.
 	Turns       int `json:"turns"`
 	Failures    int `json:"failures"`
@@ -130,7 +131,7 @@ func (f *Fleet) ReadHistory(ctx context.Context, o HistoryOptions) (*History, er
 			}
 			if i := bucket(at); i >= 0 {
 				h.Minutes[i].Turns++
-				failed := ev.Status != "completed"
+				failed := ev.Status == "failed" || ev.Status == "interrupted"
 				if failed {
 					h.Minutes[i].Failures++
 				}

@@ -15,7 +15,7 @@ import (
 
 const (
 	chartW, chartH = 600, 200
-	padL, padR     = 44, 8
+	padL, padR     = 44, 22
 	padT, padB     = 10, 24
 )
 
@@ -39,8 +39,10 @@ func fmtTick(v float64) string {
 		return "0"
 	case v >= 100:
 		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return strings.TrimSuffix(fmt.Sprintf("%.1f", v), ".0")
 	case v >= 1:
-		return strings.TrimSuffix(strings.TrimRight(fmt.Sprintf("%.1f", v), "0"), ".")
+		return strings.TrimSuffix(strings.TrimRight(fmt.Sprintf("%.2f", v), "0"), ".")
 	}
 	return strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.3f", v), "0"), ".")
 }

@@ -60,11 +60,13 @@ func startFleet(t *testing.T) *testFleet {
 	}
 	f.fl = fl
 
+	// The connections close after the worker and the indexer stop
+	// (cleanups run last first).
+	wnc, inc, hnc := srv.Connect(t), srv.Connect(t), srv.Connect(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
-	wnc := srv.Connect(t)
 	wjs, wres := provision(wnc)
 	w, err := worker.New(wnc, wjs, wres, worker.Config{ID: "console-w1", Version: "1.0.0-test", Names: names, Backend: echo.Backend(echo.Options{}),
 		LeaseTTL: 3 * time.Second, LeaseMargin: 500 * time.Millisecond, Linger: 30 * time.Second, PeekInterval: 100 * time.Millisecond,
@@ -80,7 +82,6 @@ func startFleet(t *testing.T) *testFleet {
 		}
 	}()
 
-	inc := srv.Connect(t)
 	_, ires := provision(inc)
 	db, err := statedb.Open(t.Context(), filepath.Join(t.TempDir(), "state.db"), nil)
 	if err != nil {
@@ -104,7 +105,6 @@ func startFleet(t *testing.T) *testFleet {
 		_ = db.Close()
 	}()
 
-	hnc := srv.Connect(t)
 	hjs, hres := provision(hnc)
 	in, err := ingress.New(hjs, hres, ingress.Config{Names: names, KeyOptions: session.DefaultKeyOptions(), Token: adminToken,
 		EventsHeartbeat: time.Second})

@@ -383,7 +383,14 @@ func (c *Console) handleSession(w http.ResponseWriter, r *http.Request) {
 	}
 	var lin statedb.SessionResponse
 	if err := fl.Call(ctx, statedb.EndpointSession, statedb.SessionRequest{ID: d.SessionID}, &lin); err != nil {
-		d.LineageError = "The state database does not answer, so only the entry's own lineage is shown: " + err.Error()
+		switch {
+		case errors.Is(err, admin.ErrNoStateDB):
+			d.LineageError = "No state database answers, so only the entry's own parent is shown."
+		case strings.Contains(err.Error(), "not found"):
+			d.LineageError = "The state database has not indexed this session yet, so only the entry's own parent is shown."
+		default:
+			d.LineageError = "The state database could not answer (" + err.Error() + "), so only the entry's own parent is shown."
+		}
 		if e.ParentSessionID != "" && d.SessionID == e.SessionID {
 			d.Parents = []statedb.LineageEntry{{ID: e.ParentSessionID}}
 		}
@@ -470,7 +477,7 @@ func (c *Console) eventRow(fl *admin.Fleet, seq uint64, at time.Time, subject st
 	case strings.HasPrefix(rest, "ev."):
 		row.Kind, row.Lane, _ = strings.Cut(strings.TrimPrefix(rest, "ev."), ".")
 	case strings.HasPrefix(rest, "dlq."):
-		row.Kind, row.Lane = "deadletter", strings.TrimPrefix(rest, "dlq.")
+		row.Kind, row.Lane = "dlq", strings.TrimPrefix(rest, "dlq.")
 	default:
 		row.Kind = rest
 	}
@@ -499,8 +506,8 @@ func summarize(data []byte) string {
 		}
 		s = strings.Join(parts, " ")
 	}
-	if r := []rune(s); len(r) > 240 {
-		s = string(r[:239]) + "…"
+	if r := []rune(s); len(r) > 200 {
+		s = string(r[:199]) + "…"
 	}
 	return s
 }
@@ -671,6 +678,9 @@ func (c *Console) lanesByOwner(ctx context.Context, fl *admin.Fleet) map[string]
 	}
 	_ = lister.Stop()
 	for _, k := range keys {
+		if _, err := session.ParseLaneToken(k); err != nil || strings.HasPrefix(k, "_") {
+			continue // not a lane's lease (the expiry watcher's)
+		}
 		if l, err := fl.ReadLease(ctx, k); err == nil && l != nil {
 			out[l.Owner] = append(out[l.Owner], k)
 		}

@@ -13,6 +13,8 @@
       t.innerHTML = html;
       return t.firstElementChild;
     }
+    var count = status && status.querySelector("[data-count]");
+    function recount() { if (count) count.textContent = String(body.rows.length); }
     es.addEventListener("row", function (e) {
       var row = parseRow(e.data);
       if (!row) return;
@@ -21,11 +23,13 @@
         if (old.outerHTML !== row.outerHTML) old.replaceWith(row);
       } else {
         body.insertBefore(row, body.firstChild);
+        recount();
       }
     });
     es.addEventListener("remove", function (e) {
       var old = document.getElementById(e.data);
       if (old) old.remove();
+      recount();
     });
     es.addEventListener("event", function (e) {
       var row = parseRow(e.data);
