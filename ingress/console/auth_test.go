@@ -100,6 +100,23 @@ func TestConsoleNeedsAdminToken(t *testing.T) {
 		}
 		return nil
 	})
+
+	// The Lanes page filters by state and platform.
+	key := "agent:main:http:dm:auth1"
+	for _, c := range []struct {
+		query string
+		shown bool
+	}{{"?state=suspended", true}, {"?state=idle", false}, {"?state=running", false}, {"?platform=http&state=suspended", true}, {"?platform=slack", false}} {
+		resp, body := f.get("/console/lanes"+c.query, "Authorization", "Bearer "+adminToken)
+		if resp.StatusCode != http.StatusOK || strings.Contains(body, key) != c.shown {
+			t.Fatalf("lanes%s: %s, shows %s: %v, want %v", c.query, resp.Status, key, strings.Contains(body, key), c.shown)
+		}
+	}
+	for _, q := range []string{"?state=sleeping", "?platform=myspace"} {
+		if resp, _ := f.get("/console/lanes"+q, "Authorization", "Bearer "+adminToken); resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("lanes%s: %s, want 400", q, resp.Status)
+		}
+	}
 }
 
 // TestConsoleClosedWithoutToken: a console with no admin token admits

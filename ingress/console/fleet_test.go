@@ -63,11 +63,16 @@ func startFleet(t *testing.T) *testFleet {
 	// The connections close after the worker and the indexer stop
 	// (cleanups run last first).
 	wnc, inc, hnc := srv.Connect(t), srv.Connect(t), srv.Connect(t)
+	// Every provisioning is done before anything runs: nats-server's race
+	// detector reports a stream update (a provisioning) racing a consumer
+	// creation (the worker's, the indexer's) in the server itself.
+	wjs, wres := provision(wnc)
+	_, ires := provision(inc)
+	hjs, hres := provision(hnc)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
-	wjs, wres := provision(wnc)
 	w, err := worker.New(wnc, wjs, wres, worker.Config{ID: "console-w1", Version: "1.0.0-test", Names: names, Backend: echo.Backend(echo.Options{}),
 		LeaseTTL: 3 * time.Second, LeaseMargin: 500 * time.Millisecond, Linger: 30 * time.Second, PeekInterval: 100 * time.Millisecond,
 		DrainTimeout: 2 * time.Second})
@@ -82,7 +87,6 @@ func startFleet(t *testing.T) *testFleet {
 		}
 	}()
 
-	_, ires := provision(inc)
 	db, err := statedb.Open(t.Context(), filepath.Join(t.TempDir(), "state.db"), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +109,6 @@ func startFleet(t *testing.T) *testFleet {
 		_ = db.Close()
 	}()
 
-	hjs, hres := provision(hnc)
 	in, err := ingress.New(hjs, hres, ingress.Config{Names: names, KeyOptions: session.DefaultKeyOptions(), Token: adminToken,
 		EventsHeartbeat: time.Second})
 	if err != nil {
