@@ -15,7 +15,7 @@ import (
 // console's own pages, and bad input changes nothing.
 func TestConsoleNeedsAdminToken(t *testing.T) {
 	f := startFleet(t)
-	lane, seq := f.post("auth1", "hello")
+	lane, seq := f.post("auth1", `hello <img src=x onerror="alert(1)">`)
 	f.waitCommitted(lane, seq)
 
 	resp, _ := f.get("/console/lanes")
@@ -31,6 +31,11 @@ func TestConsoleNeedsAdminToken(t *testing.T) {
 	}
 	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'self'") {
 		t.Fatalf("Content-Security-Policy %q", csp)
+	}
+	// What users typed is text on the operator's page, never markup.
+	resp, body = f.get("/console/session/"+lane, "Authorization", "Bearer "+adminToken)
+	if resp.StatusCode != http.StatusOK || strings.Contains(body, "<img src=x") || !strings.Contains(body, "hello &lt;img src=x onerror=&#34;alert(1)&#34;&gt;") {
+		t.Fatalf("session page: %s\n%s", resp.Status, body)
 	}
 
 	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}

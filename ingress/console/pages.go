@@ -307,6 +307,7 @@ type sessionData struct {
 	Lease           *admin.Lease
 	Queue, Backlog  int
 	Transcript      []txItem
+	Hidden          int // earlier entries not shown
 	Parents         []statedb.LineageEntry
 	Children        []statedb.LineageEntry
 	Recent          []string
@@ -314,6 +315,10 @@ type sessionData struct {
 	Actions         []action
 	BusyModes       []string
 }
+
+// maxTranscript bounds the transcript entries a Session page shows (the
+// newest).
+const maxTranscript = 500
 
 var laneActions = []action{
 	{Op: "stop", Label: "Stop…", Danger: true},
@@ -403,6 +408,10 @@ func (c *Console) handleSession(w http.ResponseWriter, r *http.Request) {
 				d.Children = append(d.Children, x)
 			}
 		}
+	}
+	if n := len(d.Transcript); n > maxTranscript {
+		d.Hidden = n - maxTranscript
+		d.Transcript = d.Transcript[n-maxTranscript:]
 	}
 	c.render(w, r, http.StatusOK, "session", page{Title: "Session " + e.SessionKey, Data: d})
 }
