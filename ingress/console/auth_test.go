@@ -140,6 +140,11 @@ func TestConsoleClosedWithoutToken(t *testing.T) {
 		t.Fatalf("closed console: %d", rec.Code)
 	}
 	rec = httptest.NewRecorder()
+	c.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/console/login", nil))
+	if rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), "no admin token") || strings.Contains(rec.Body.String(), `name="token"`) {
+		t.Fatalf("login form of a closed console: %d %s", rec.Code, rec.Body.String())
+	}
+	rec = httptest.NewRecorder()
 	req = httptest.NewRequest(http.MethodPost, "/console/login", strings.NewReader("token=anything"))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Origin", "http://example.com")

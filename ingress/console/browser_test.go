@@ -129,6 +129,21 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.ID("lane-rows")),
 	)
 
+	t.Run("Keyboard", func(t *testing.T) {
+		// The first Tab reaches the skip link; Enter on it moves the focus
+		// to the page's content.
+		run(t, ctx, "keyboard",
+			chromedp.Navigate(base+"/lanes"),
+			chromedp.WaitVisible(chromedp.ID("lane-rows")),
+			chromedp.KeyEvent("\t"),
+			waitJS(`document.activeElement && document.activeElement.classList.contains("skip")`),
+			chromedp.KeyEvent("\r"),
+			waitJS(`document.activeElement && document.activeElement.id === "main"`),
+			chromedp.KeyEvent("\t"),
+			waitJS(`document.activeElement && document.activeElement.id === "platform"`),
+		)
+	})
+
 	t.Run("LaneRunningThenIdleWithoutReload", func(t *testing.T) {
 		run(t, ctx, "mark the page",
 			chromedp.Navigate(base+"/lanes"),

@@ -210,7 +210,14 @@ func (c *Console) authed(h http.HandlerFunc) http.Handler {
 	})
 }
 
+// closedMsg says why a console without an admin token admits nobody.
+const closedMsg = "The console is closed: this ingress has no admin token. Set http.token (AGENTFLEET_HTTP_TOKEN) and restart it."
+
 func (c *Console) handleLoginForm(w http.ResponseWriter, r *http.Request) {
+	if c.cfg.Authorize == nil {
+		c.render(w, r, http.StatusForbidden, "login", page{Title: "Sign in", Error: closedMsg, Data: "closed"})
+		return
+	}
 	c.render(w, r, http.StatusOK, "login", page{Title: "Sign in", Next: safeNext(r.URL.Query().Get("next"))})
 }
 
@@ -231,8 +238,7 @@ func (c *Console) handleLogin(w http.ResponseWriter, r *http.Request) {
 	tok := strings.TrimSpace(r.PostFormValue("token"))
 	next := safeNext(r.PostFormValue("next"))
 	if c.cfg.Authorize == nil {
-		c.render(w, r, http.StatusForbidden, "login", page{Title: "Sign in", Next: next,
-			Error: "The console is closed: this ingress has no admin token. Set http.token (AGENTFLEET_HTTP_TOKEN) and restart it."})
+		c.render(w, r, http.StatusForbidden, "login", page{Title: "Sign in", Error: closedMsg, Data: "closed"})
 		return
 	}
 	if !c.admitted(tok) {
