@@ -14,7 +14,6 @@ package console
 
 import (
 	"context"
-	"crypto/subtle"
 	"embed"
 	"errors"
 	"fmt"
@@ -291,20 +290,4 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, err e
 	}
 	c.log.Log(r.Context(), level, "console request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
 	c.render(w, r, status, "error", page{Title: http.StatusText(status), Error: err.Error(), Authed: c.admitted(token(r))})
-}
-
-// checkToken compares in constant time; exported to the ingress through
-// TokenMatcher.
-func checkToken(want, got string) bool {
-	return want != "" && subtle.ConstantTimeCompare([]byte(want), []byte(got)) == 1
-}
-
-// TokenMatcher is an Authorize function that admits exactly token (none
-// when token is empty).
-func TokenMatcher(token string) func(string) bool {
-	token = strings.TrimSpace(token)
-	if token == "" {
-		return nil
-	}
-	return func(got string) bool { return checkToken(token, got) }
 }
