@@ -81,9 +81,9 @@ func (l *lane) runCommand(m inboxMsg) bool {
 			intent.PreviousSessionID = l.entry.SessionID
 		}
 		switch cmd {
-		case "new":
+		case session.CmdNew:
 			intent.ResetReason = session.ReasonNew
-		case "reset":
+		case session.CmdReset:
 			intent.ResetReason = session.ReasonReset
 		}
 		rec := indexRecord(l.lane, l.entry.SessionKey, now, intent.PreviousSessionID)
@@ -175,9 +175,9 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 	e := l.entry
 	args := strings.TrimSpace(m.body.Args)
 	switch m.body.Command {
-	case "stop":
+	case session.CmdStop:
 		return "⏹ Stopped. Your next message starts a fresh session.", func(e *session.SessionEntry) { e.Suspended = true }, nil
-	case "new", "reset":
+	case session.CmdNew, session.CmdReset:
 		_, titleErr := session.SanitizeTitle(args)
 		if m.body.Command == session.CmdNew && args != "" && titleErr != nil && intent.ResetReason != session.ReasonNew {
 			return "⚠️ No new session: " + titleErr.Error() + ".", nil, nil
@@ -197,15 +197,15 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 			e.DiscardedQueue = 0
 			e.IsFreshReset = true // consumed by the first turn of the new session
 		}, nil
-	case "suspend":
+	case session.CmdSuspend:
 		return "", func(e *session.SessionEntry) { e.Suspended = true }, nil
-	case "resume_pending":
+	case session.CmdResumePending:
 		reason := args
 		if reason == "" {
 			reason = ResumeRestartInterrupted
 		}
 		return "", func(e *session.SessionEntry) { e.MarkResumePending(reason, l.w.cfg.Now()) }, nil
-	case "busy":
+	case session.CmdBusy:
 		switch args {
 		case BusyInterrupt, BusyQueue, BusySteer:
 			return "Busy mode set to " + args + ".", func(e *session.SessionEntry) { e.BusyMode = args }, nil
@@ -218,11 +218,11 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 		return l.readOnlyText(e, m), nil, nil
 	case session.CmdTitle:
 		return l.setTitle(e, args), nil, nil
-	case "queue":
+	case session.CmdQueue:
 		return "Usage: /queue <text> queues a message that gets its own turn.", nil, nil
-	case "undo", "retry":
+	case session.CmdUndo, session.CmdRetry:
 		n := 1
-		if m.body.Command == "undo" && args != "" {
+		if m.body.Command == session.CmdUndo && args != "" {
 			v, err := strconv.Atoi(args)
 			if err != nil || v < 1 {
 				return "Usage: /undo [n] with n ≥ 1.", nil, nil
@@ -238,7 +238,7 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 			var ctl *transcript.Entry
 			ctl, turns, target = transcript.RewindUserTurns(st.entries, n)
 			if ctl == nil {
-				if m.body.Command == "retry" {
+				if m.body.Command == session.CmdRetry {
 					return "Nothing to retry.", nil, nil
 				}
 				return "Nothing to undo.", nil, nil
@@ -249,14 +249,14 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 				return "Could not rewind: " + err.Error(), nil, nil
 			}
 		}
-		if m.body.Command == "retry" {
+		if m.body.Command == session.CmdRetry {
 			follow := m
 			follow.body.Text = target
 			follow.kind = session.KindMessage
 			return "🔁 Retrying your last message.", nil, &follow
 		}
 		return fmt.Sprintf("↩️ Undid %d turn(s).", turns), nil, nil
-	case "resume":
+	case session.CmdResume:
 		if intent.ResetReason == session.ReasonFork {
 			return fmt.Sprintf("Forked session %s (from another conversation) into a new session %s.", intent.ForkFrom, intent.SessionID), nil, nil
 		}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/broker"
-	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/telemetry"
 )
@@ -31,10 +30,11 @@ type Config struct {
 	Names broker.Names
 	// Backend creates agents. Required.
 	Backend agent.Backend
-	// LeaseTTL is the lane lease TTL, judged by the server. Defaults to 15s.
+	// LeaseTTL is the lane lease TTL, judged by the server. Defaults to
+	// broker.DefaultLeaseTTL.
 	LeaseTTL time.Duration
 	// LeaseMargin is how long before its lease could expire an owner stops
-	// writing. Defaults to 2s (and at most LeaseTTL/3).
+	// writing. Defaults to broker.DefaultLeaseMargin (and at most LeaseTTL/3).
 	LeaseMargin time.Duration
 	// Linger is how long an idle lane stays owned so follow-ups meet a warm
 	// cache. Defaults to 30s.
@@ -106,8 +106,8 @@ func (c *Config) withDefaults() (Config, error) {
 			*d = v
 		}
 	}
-	def(&out.LeaseTTL, 15*time.Second)
-	def(&out.LeaseMargin, 2*time.Second)
+	def(&out.LeaseTTL, broker.DefaultLeaseTTL)
+	def(&out.LeaseMargin, broker.DefaultLeaseMargin)
 	if out.LeaseMargin > out.LeaseTTL/3 {
 		out.LeaseMargin = out.LeaseTTL / 3
 	}
@@ -155,8 +155,4 @@ func (c *Config) withDefaults() (Config, error) {
 		out.Logger = slog.Default()
 	}
 	return out, nil
-}
-
-func (c *Config) policy() kv.Policy {
-	return kv.Policy{Reset: c.Reset, Location: c.Location, Freshness: c.Freshness, Keys: c.Context.KeyOptions}
 }

@@ -23,13 +23,6 @@ import (
 	"github.com/agentfleet/agentfleet/transcript"
 )
 
-var (
-	errLeaseLost = kv.ErrLeaseLost
-	errDrain     = errors.New("drain timeout")
-	errStopped   = errors.New("turn stopped by /stop")
-	errHardStop  = errors.New("worker stopping")
-)
-
 // inboxMsg is one lane message read from the inbox stream.
 type inboxMsg struct {
 	seq  uint64
@@ -361,8 +354,8 @@ func (l *lane) alive() bool {
 // checkAlive is the self-fence: no write once the lease could have expired.
 func (l *lane) checkAlive() error {
 	if !l.alive() {
-		l.cancel(errLeaseLost)
-		return errLeaseLost
+		l.cancel(kv.ErrLeaseLost)
+		return kv.ErrLeaseLost
 	}
 	return nil
 }
@@ -393,7 +386,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 			e = &session.SessionEntry{SessionKey: fallbackKey, CostStatus: "unknown"}
 		}
 		if e.LeaseEpoch > lease.Epoch {
-			return nil, fmt.Errorf("entry epoch %d is ahead of our lease %d: %w", e.LeaseEpoch, lease.Epoch, errLeaseLost)
+			return nil, fmt.Errorf("entry epoch %d is ahead of our lease %d: %w", e.LeaseEpoch, lease.Epoch, kv.ErrLeaseLost)
 		}
 		e.Owner = w.owner
 		e.LeaseEpoch = lease.Epoch
@@ -483,7 +476,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 			}
 		}
 		if st != nil {
-			if st.kind == session.KindCommand && st.msgs[0].body.Command == "resume_pending" {
+			if st.kind == session.KindCommand && st.msgs[0].body.Command == session.CmdResumePending {
 				l.autoCheck = true
 			}
 			l.lastWriteErr = nil
@@ -555,7 +548,7 @@ func (l *lane) renewLoop(done chan struct{}) {
 		if ts := l.turnStart.Load(); ts != 0 && time.Duration(mono()-ts) > w.cfg.GatewayTimeout+w.cfg.LeaseTTL {
 			l.log.Error("agent exceeded the gateway timeout and ignores cancellation; letting the lease expire")
 			l.lost.Store(true)
-			l.cancel(errLeaseLost)
+			l.cancel(kv.ErrLeaseLost)
 			return
 		}
 		err := w.leases.Renew(l.ctx, l.lease)
@@ -567,7 +560,7 @@ func (l *lane) renewLoop(done chan struct{}) {
 		if errors.Is(err, kv.ErrLeaseLost) {
 			l.log.Warn("lease lost")
 			l.lost.Store(true)
-			l.cancel(errLeaseLost)
+			l.cancel(kv.ErrLeaseLost)
 			return
 		}
 		if l.ctx.Err() != nil {
@@ -576,7 +569,7 @@ func (l *lane) renewLoop(done chan struct{}) {
 		l.log.Warn("renew lease", "err", err)
 		if !l.alive() {
 			l.lost.Store(true)
-			l.cancel(errLeaseLost)
+			l.cancel(kv.ErrLeaseLost)
 			return
 		}
 	}
@@ -598,7 +591,7 @@ func (l *lane) release() {
 	if err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 		e.Owner = ""
 		return e, nil
-	}, true); err != nil && !errors.Is(err, errLeaseLost) {
+	}, true); err != nil && !errors.Is(err, kv.ErrLeaseLost) {
 		l.log.Warn("release entry", "err", err)
 	}
 	l.cancel(errHardStop)
@@ -621,7 +614,7 @@ func (l *lane) release() {
 		// write): the deliveries may sit delayed on other workers, so wake
 		// the lane now rather than after their delay.
 		wake := fmt.Sprintf("wake:%s:%d:handover", l.lane, l.lease.Epoch)
-		if err := w.publishInternal(context.WithoutCancel(w.hardCtx), l.lane, l.entry.SessionKey, internalWake, "", wake); err != nil {
+		if err := w.publishInternal(context.WithoutCancel(w.hardCtx), l.lane, l.entry.SessionKey, session.CmdWake, "", wake); err != nil {
 			l.log.Warn("handover wake", "err", err)
 		}
 	}
@@ -683,7 +676,7 @@ func (l *lane) mutate(fn kv.MutateFunc, fenced bool) error {
 		l.noteWriteErr(err)
 		if errors.Is(err, kv.ErrLeaseLost) {
 			l.lost.Store(true)
-			l.cancel(errLeaseLost)
+			l.cancel(kv.ErrLeaseLost)
 		}
 		return err
 	}
@@ -803,8 +796,8 @@ func (l *lane) appendOwned(st *txState, e *transcript.Entry) error {
 	err := l.appendTo(st, e)
 	if errors.Is(err, transcript.ErrConflict) {
 		l.lost.Store(true)
-		l.cancel(errLeaseLost)
-		return fmt.Errorf("%w: %v", errLeaseLost, err)
+		l.cancel(kv.ErrLeaseLost)
+		return fmt.Errorf("%w: %v", kv.ErrLeaseLost, err)
 	}
 	return err
 }
@@ -1043,7 +1036,7 @@ func (l *lane) publishAutoResume() error {
 	}
 	id := fmt.Sprintf("resume:%s:%s:%d", l.lane, e.SessionID, marker)
 	l.log.Info("resume pending with no turn in flight: automatic resume", "session", e.SessionID, "reason", e.ResumeReason)
-	return l.w.publishInternal(context.WithoutCancel(l.ctx), l.lane, e.SessionKey, internalResume, e.SessionID, id)
+	return l.w.publishInternal(context.WithoutCancel(l.ctx), l.lane, e.SessionKey, session.CmdAutoResume, e.SessionID, id)
 }
 
 // runAutoResume runs the automatic turn of a resume_pending session: an

@@ -16,8 +16,6 @@ import (
 	"github.com/agentfleet/agentfleet/transcript"
 )
 
-var errNoChange = kv.ErrNoChange
-
 // MaxInterruptedTurns is how many interrupted attempts in a row suspend a
 // lane and dead-letter the turn.
 const MaxInterruptedTurns = 3
@@ -166,7 +164,7 @@ func (l *lane) recoverTurn() bool {
 		return l.finish(st, t, status, nil, l.endedEffect(st, t, status, msgs))
 	}
 	if t.Kind == session.KindCommand {
-		if len(msgs) > 0 && msgs[0].body.Command == "retry" {
+		if len(msgs) > 0 && msgs[0].body.Command == session.CmdRetry {
 			// /retry runs the agent: its attempts count like a turn's.
 			return l.recoverRetry(st, t, msgs, src)
 		}
@@ -308,7 +306,7 @@ func (l *lane) recordAttempt(t *session.TurnIntent, interrupted int, also func(*
 	t.Epoch = l.lease.Epoch
 	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 		if e.Turn == nil || e.Turn.ID != t.ID {
-			return nil, errNoChange
+			return nil, kv.ErrNoChange
 		}
 		e.Turn = t
 		e.InterruptedTurns = interrupted
@@ -318,7 +316,7 @@ func (l *lane) recordAttempt(t *session.TurnIntent, interrupted int, also func(*
 		return e, nil
 	}, true)
 	switch {
-	case err == errNoChange:
+	case err == kv.ErrNoChange:
 		return true, true
 	case err != nil:
 		l.log.Warn("record recovery", "err", err)
@@ -402,7 +400,7 @@ func (l *lane) joinAhead(seq uint64, msgs []inboxMsg) ([]inboxMsg, error) {
 		if m == nil {
 			break
 		}
-		if m.kind == session.KindInternal && m.body.Command == internalWake {
+		if m.kind == session.KindInternal && m.body.Command == session.CmdWake {
 			next = m.seq + 1
 			continue
 		}

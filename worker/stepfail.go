@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
 )
 
@@ -139,7 +140,7 @@ func (l *lane) dropUnrecordable(st *step, cause error) bool {
 // noteWriteErr remembers the last failed durable write of the lane, for
 // retryInPlace.
 func (l *lane) noteWriteErr(err error) {
-	if err != nil && !errors.Is(err, errNoChange) {
+	if err != nil && !errors.Is(err, kv.ErrNoChange) {
 		l.lastWriteErr = err
 	}
 }

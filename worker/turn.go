@@ -18,6 +18,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/transcript"
 )
@@ -261,7 +262,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		if m.kind == session.KindInternal {
 			// An automatic resume is an event with empty text and no user
 			// entry; the fleet's wake-ups carry nothing.
-			if m.body.Command == internalResume {
+			if m.body.Command == session.CmdAutoResume {
 				users = append(users, agent.UserMessage{InboxSeq: m.seq})
 			}
 			continue
@@ -349,7 +350,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		// from here on counts as interrupted (see recoverTurn).
 		if err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 			if e.Turn == nil || e.Turn.ID != intent.ID {
-				return nil, errLeaseLost
+				return nil, kv.ErrLeaseLost
 			}
 			e.Turn.AgentStarted = intent.Attempt
 			return e, nil
@@ -464,9 +465,6 @@ func retryHistory(h []transcript.Entry, intent *session.TurnIntent) []transcript
 	return out[:len(out):len(out)]
 }
 
-// errNothingSteered marks a steer that failed before it recorded anything.
-var errNothingSteered = errors.New("no input steered")
-
 // tooLarge reports whether a write failed because the entry is larger than
 // the server takes: retrying cannot help.
 func tooLarge(err error) bool {
@@ -569,10 +567,10 @@ func (l *lane) runAgent(a agent.Agent, em *emitter, turn *agent.Turn) (*agent.Re
 				}
 				if err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 					if !e.MarkResumePending(reason, w.cfg.Now()) {
-						return nil, errNoChange
+						return nil, kv.ErrNoChange
 					}
 					return e, nil
-				}, true); err != nil && !errors.Is(err, errNoChange) {
+				}, true); err != nil && !errors.Is(err, kv.ErrNoChange) {
 					l.log.Warn("mark resume pending at drain", "err", err)
 				}
 				drainTimer = time.After(w.cfg.DrainTimeout)
@@ -635,7 +633,7 @@ func (l *lane) checkBusy(ctx context.Context, cancel context.CancelCauseFunc, in
 			return
 		}
 		switch {
-		case m.kind == session.KindCommand && m.body.Command == "stop":
+		case m.kind == session.KindCommand && m.body.Command == session.CmdStop:
 			*stopCause = errStopped
 			cancel(errStopped)
 			return
@@ -674,7 +672,7 @@ func (l *lane) answerReadOnly(ctx context.Context, st *txState, intent *session.
 			return
 		}
 		switch {
-		case m.kind == session.KindInternal && m.body.Command == internalWake:
+		case m.kind == session.KindInternal && m.body.Command == session.CmdWake:
 		case m.kind == session.KindCommand && session.ReadOnlyCommand(m.body.Command):
 			if err := l.answerEarly(st, m); err != nil {
 				l.log.Warn("answer read-only command", "seq", m.seq, "err", err)
@@ -780,7 +778,7 @@ func (l *lane) commit(intent *session.TurnIntent, status string, u *agent.Usage,
 	defer func() { l.pauseTag = "" }()
 	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 		if e.LastTurnID == intent.ID || e.Turn == nil || e.Turn.ID != intent.ID {
-			return nil, errNoChange
+			return nil, kv.ErrNoChange
 		}
 		if intent.LastSeq > e.CommittedSeq {
 			e.CommittedSeq = intent.LastSeq
@@ -807,7 +805,7 @@ func (l *lane) commit(intent *session.TurnIntent, status string, u *agent.Usage,
 		}
 		return e, nil
 	}, true)
-	if err != nil && !errors.Is(err, errNoChange) {
+	if err != nil && !errors.Is(err, kv.ErrNoChange) {
 		l.log.Warn("commit", "turn", intent.ID, "err", err)
 		return false
 	}
@@ -820,12 +818,12 @@ func (l *lane) commit(intent *session.TurnIntent, status string, u *agent.Usage,
 func (l *lane) commitSimple(seq uint64) bool {
 	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 		if e.CommittedSeq >= seq {
-			return nil, errNoChange
+			return nil, kv.ErrNoChange
 		}
 		e.CommittedSeq = seq
 		return e, nil
 	}, true)
-	if err != nil && !errors.Is(err, errNoChange) {
+	if err != nil && !errors.Is(err, kv.ErrNoChange) {
 		return false
 	}
 	l.ackUpTo(l.entry.CommittedSeq)
@@ -1146,7 +1144,7 @@ func (l *lane) steer(ctx context.Context, st *txState, intent *session.TurnInten
 	last := msgs[len(msgs)-1].seq
 	if err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 		if e.Turn == nil || e.Turn.ID != intent.ID {
-			return nil, errLeaseLost
+			return nil, kv.ErrLeaseLost
 		}
 		if e.Turn.LastSeq < last {
 			e.Turn.LastSeq = last
@@ -1226,7 +1224,7 @@ func (l *lane) discard(m inboxMsg) bool {
 	l.w.event("discarded", l.lane, map[string]any{"seq": m.seq, "reason": "reset"})
 	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 		if e.CommittedSeq >= m.seq {
-			return nil, errNoChange
+			return nil, kv.ErrNoChange
 		}
 		e.CommittedSeq = m.seq
 		e.DiscardedQueue++
@@ -1235,7 +1233,7 @@ func (l *lane) discard(m inboxMsg) bool {
 		}
 		return e, nil
 	}, true)
-	if err != nil && !errors.Is(err, errNoChange) {
+	if err != nil && !errors.Is(err, kv.ErrNoChange) {
 		return false
 	}
 	l.ackUpTo(l.entry.CommittedSeq)

@@ -17,21 +17,11 @@ import (
 	"github.com/agentfleet/agentfleet/session"
 )
 
-// Internal commands the expiry watcher publishes into lane inboxes, so that
-// the lane's owner applies them in order with everything else.
-const (
-	internalWake   = "wake"
-	internalExpire = "expire"
-	// internalResume runs the automatic turn of a resume_pending lane with
-	// no turn in flight (see lane.autoResumeDue).
-	internalResume = "resume"
-)
-
 // WakeCommand is the internal command that wakes a lane no worker holds,
 // and WakeMsgID its Msg-Id for a lane's state: the expiry watch, the sweep
 // and `fleetctl lane break-lease` send the same one, so a lane is woken
 // once for a given state.
-const WakeCommand = internalWake
+const WakeCommand = session.CmdWake
 
 // WakeMsgID is the Msg-Id of the wake-up of lane at committed seq and epoch.
 func WakeMsgID(lane string, committed, epoch uint64) string {
@@ -204,7 +194,7 @@ func (w *Worker) sweepEntry(ctx context.Context, r kv.Record, now time.Time) (bo
 	if session.ShouldReset(e, policy, now, w.cfg.Location, false) == "" {
 		return false, nil
 	}
-	if err := w.publishInternal(ctx, r.Lane, e.SessionKey, internalExpire, e.SessionID, "expire:"+e.SessionID); err != nil {
+	if err := w.publishInternal(ctx, r.Lane, e.SessionKey, session.CmdExpire, e.SessionID, "expire:"+e.SessionID); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -365,10 +355,10 @@ func (w *Worker) pruneEntry(ctx context.Context, r kv.Record) (bool, error) {
 
 // runInternal applies an internal command as the lane's owner.
 func (l *lane) runInternal(m inboxMsg) bool {
-	if m.body.Command == internalResume {
+	if m.body.Command == session.CmdAutoResume {
 		return l.runAutoResume(m)
 	}
-	if m.body.Command != internalExpire {
+	if m.body.Command != session.CmdExpire {
 		return l.commitSimple(m.seq)
 	}
 	w := l.w
