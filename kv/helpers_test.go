@@ -112,7 +112,6 @@ func keyOf(s session.SessionSource) string {
 
 func laneOf(s session.SessionSource) string { return session.LaneToken(keyOf(s)) }
 
-
 // overwrite replaces the lane's entry (whatever its revision) and returns the
 // new revision.
 func overwrite(t *testing.T, st *kv.Store, lane string, e *session.SessionEntry) uint64 {

@@ -23,7 +23,7 @@ func (l *lane) runCommand(m inboxMsg) bool {
 	if dup, err := l.duplicate(m); err != nil {
 		return false
 	} else if dup {
-		return l.commitSimple(m.seq)
+		return l.commit(m.seq) == nil
 	}
 	if session.ReadOnlyCommand(m.body.Command) && l.entry.SessionID != "" {
 		// Answered at once while a turn ran: its answer is in the
@@ -36,7 +36,7 @@ func (l *lane) runCommand(m inboxMsg) bool {
 			if err := l.publishReply(st, &session.TurnIntent{ID: e.TurnID}, *e, session.ReplyKindNotice, sourceOf(l.entry, []inboxMsg{m})); err != nil {
 				return false
 			}
-			return l.commitSimple(m.seq)
+			return l.commit(m.seq) == nil
 		}
 	}
 	now := w.cfg.Now()
@@ -128,7 +128,7 @@ func (l *lane) runCommand(m inboxMsg) bool {
 func (l *lane) runCommandIntent(intent *session.TurnIntent, msgs []inboxMsg) bool {
 	if len(msgs) == 0 {
 		// The message is gone (pruned): nothing to do but commit.
-		return l.commit(intent, StatusCommand, nil, nil)
+		return l.commitTurn(intent, StatusCommand, nil, nil)
 	}
 	m := msgs[0]
 	src := sourceOf(l.entry, msgs)
@@ -245,7 +245,7 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 			}
 			ctl.ID = intent.ID + ":rewind"
 			ctl.TurnID = intent.ID
-			if err := l.appendOwned(st, ctl); err != nil {
+			if err := l.append(st, ctl); err != nil {
 				return "Could not rewind: " + err.Error(), nil, nil
 			}
 		}
@@ -484,7 +484,7 @@ func (l *lane) copyFork(st *txState, intent *session.TurnIntent) error {
 		}
 		c := e
 		c.ID, c.Seq, c.InboxSeq, c.TurnID = id, 0, 0, intent.ID
-		if err := l.appendOwned(st, &c); err != nil {
+		if err := l.append(st, &c); err != nil {
 			return err
 		}
 	}

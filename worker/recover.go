@@ -181,7 +181,7 @@ func (l *lane) recoverTurn() bool {
 			}
 			e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", t.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
 				Content: m.body.Text, InboxSeq: m.seq, TurnID: t.ID, SenderName: m.body.Source.UserName, Timestamp: w.cfg.Now()}
-			if err := l.appendOwned(st, &e); err != nil {
+			if err := l.append(st, &e); err != nil {
 				return false
 			}
 		}
@@ -369,7 +369,7 @@ func (l *lane) parkStale(st *txState, t *session.TurnIntent, msgs []inboxMsg, re
 		}
 		e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", t.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
 			Content: m.body.Text, InboxSeq: m.seq, TurnID: t.ID, SenderName: m.body.Source.UserName, Timestamp: l.w.cfg.Now()}
-		if err := l.appendOwned(st, &e); err != nil {
+		if err := l.append(st, &e); err != nil {
 			return false
 		}
 	}

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -11,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/broker"
-	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
 )
 
@@ -134,13 +132,5 @@ func (l *lane) dropUnrecordable(st *step, cause error) bool {
 	w.stats.DeadLetters.Add(1)
 	l.log.Warn("step dead-lettered: it cannot be recorded", "first_seq", st.msgs[0].seq, "last_seq", last, "err", cause)
 	w.event("deadletter", l.lane, map[string]any{"first_seq": st.msgs[0].seq, "last_seq": last, "reason": reason})
-	return l.commitSimple(last)
-}
-
-// noteWriteErr remembers the last failed durable write of the lane, for
-// retryInPlace.
-func (l *lane) noteWriteErr(err error) {
-	if err != nil && !errors.Is(err, kv.ErrNoChange) {
-		l.lastWriteErr = err
-	}
+	return l.commit(last) == nil
 }

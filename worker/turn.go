@@ -278,7 +278,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		}
 		e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", intent.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
 			Content: text, InboxSeq: m.seq, TurnID: intent.ID, SenderName: m.body.Source.UserName, Timestamp: w.cfg.Now()}
-		if err := l.appendOwned(st, &e); err != nil {
+		if err := l.append(st, &e); err != nil {
 			if tooLarge(err) {
 				// No retry can store it: tell the user, commit past it,
 				// rather than retrying (uncounted) for ever.
@@ -378,7 +378,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 			e := transcript.Entry{ID: intent.ID + ":reply", Kind: transcript.KindMessage, Role: "assistant", Content: res.Text,
 				Reasoning: res.Reasoning, FinishReason: nonEmpty(res.FinishReason, "stop"), TokenCount: int(em.usage.OutputTokens),
 				TurnID: intent.ID, Timestamp: w.cfg.Now()}
-			if err := l.appendOwned(st, &e); err != nil {
+			if err := l.append(st, &e); err != nil {
 				if tooLarge(err) {
 					return l.failTurn(st, intent, src, fmt.Errorf("the agent's reply is too large for the transcript: %w", err))
 				}
@@ -439,7 +439,7 @@ func (l *lane) keepPartial(em *emitter, res *agent.Result) bool {
 	}
 	e := transcript.Entry{ID: id, Kind: transcript.KindMessage, Role: transcript.RoleAssistant, Content: res.Text,
 		Reasoning: res.Reasoning, FinishReason: "interrupted", TurnID: em.intent.ID, Timestamp: l.w.cfg.Now()}
-	if err := l.appendOwned(em.st, &e); err != nil && !tooLarge(err) {
+	if err := l.append(em.st, &e); err != nil && !tooLarge(err) {
 		l.log.Warn("append partial reply", "turn", em.intent.ID, "err", err)
 		return false
 	}
@@ -700,7 +700,7 @@ func (l *lane) answerEarly(st *txState, m *inboxMsg) error {
 	}
 	text := l.readOnlyText(e, *m)
 	en := transcript.Entry{ID: id, Kind: transcript.KindNotice, Role: "system", Content: text, InboxSeq: m.seq, TurnID: id, Timestamp: l.w.cfg.Now()}
-	if err := l.appendOwned(st, &en); err != nil {
+	if err := l.append(st, &en); err != nil {
 		return err
 	}
 	// The agent goroutine may be recording steered input (which writes the
@@ -733,7 +733,7 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 	var appendErr error
 	if !st.ids[endID] {
 		e := transcript.Entry{ID: endID, Kind: transcript.KindTurnEnd, TurnID: intent.ID, Status: status, Timestamp: l.w.cfg.Now()}
-		if appendErr = l.appendOwned(st, &e); appendErr != nil {
+		if appendErr = l.append(st, &e); appendErr != nil {
 			l.log.Warn("append turn end", "err", appendErr)
 		}
 	}
@@ -745,7 +745,7 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 	if appendErr != nil {
 		return false
 	}
-	if !l.commit(intent, status, u, apply) {
+	if !l.commitTurn(intent, status, u, apply) {
 		return false
 	}
 	l.turnEndEvent(intent, status, u)
@@ -766,13 +766,13 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 	return true
 }
 
-// commit moves committed_seq past the turn in one CAS, then acks every held
+// commitTurn moves committed_seq past the turn in one CAS, then acks every held
 // delivery at or below it. Only a turn that ran the agent to completion
 // clears resume_pending and the interrupted-turn count: a failed,
 // interrupted or stopped turn, a duplicate or a command leaves them, so the
 // next turn still gets the resume note and the count still decides the
 // escalation. u, when set, is the usage the turn's agent reported.
-func (l *lane) commit(intent *session.TurnIntent, status string, u *agent.Usage, apply func(*session.SessionEntry)) bool {
+func (l *lane) commitTurn(intent *session.TurnIntent, status string, u *agent.Usage, apply func(*session.SessionEntry)) bool {
 	w := l.w
 	l.pauseTag = "commit"
 	defer func() { l.pauseTag = "" }()
@@ -814,28 +814,12 @@ func (l *lane) commit(intent *session.TurnIntent, status string, u *agent.Usage,
 	return true
 }
 
-// commitSimple moves committed_seq past one message with no turn.
-func (l *lane) commitSimple(seq uint64) bool {
-	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
-		if e.CommittedSeq >= seq {
-			return nil, kv.ErrNoChange
-		}
-		e.CommittedSeq = seq
-		return e, nil
-	}, true)
-	if err != nil && !errors.Is(err, kv.ErrNoChange) {
-		return false
-	}
-	l.ackUpTo(l.entry.CommittedSeq)
-	return true
-}
-
 // emitNotice appends a notice entry (once) and publishes it.
 func (l *lane) emitNotice(st *txState, intent *session.TurnIntent, id, text string, src session.SessionSource) error {
 	e, ok := findEntry(st, id)
 	if !ok {
 		ne := transcript.Entry{ID: id, Kind: transcript.KindNotice, Role: "system", Content: text, TurnID: intent.ID, Timestamp: l.w.cfg.Now()}
-		if err := l.appendOwned(st, &ne); err != nil {
+		if err := l.append(st, &ne); err != nil {
 			return err
 		}
 		e = &ne
@@ -852,10 +836,6 @@ func (l *lane) publishReply(st *txState, intent *session.TurnIntent, e transcrip
 // publishReplyAs is publishReply with the lane's session key given, for the
 // agent goroutine (which must not read l.entry: the runner may replace it).
 func (l *lane) publishReplyAs(key string, st *txState, intent *session.TurnIntent, e transcript.Entry, kind string, src session.SessionSource) error {
-	if err := l.checkAlive(); err != nil {
-		return err
-	}
-	pausePoint("reply")
 	r := session.Reply{
 		ID: st.sessionID + ":" + seqString(e.Seq), SessionKey: key, SessionID: st.sessionID,
 		TurnID: intent.ID, TxSeq: e.Seq, Kind: kind, Text: e.Content, Platform: src.Platform,
@@ -873,9 +853,7 @@ func (l *lane) publishReplyAs(key string, st *txState, intent *session.TurnInten
 	msg.Data = data
 	msg.Header.Set(broker.HdrSessionKey, key)
 	msg.Header.Set(broker.HdrTurnID, intent.ID)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), 5*time.Second)
-	defer cancel()
-	if _, err := l.w.js.PublishMsg(ctx, msg, jetstream.WithMsgID(r.ID)); err != nil {
+	if err := l.publish(msg, r.ID); err != nil {
 		l.log.Warn("publish reply", "id", r.ID, "err", err)
 		return err
 	}
@@ -894,7 +872,7 @@ func (l *lane) closeOld(intent *session.TurnIntent) error {
 	}
 	e := transcript.Entry{ID: id, Kind: transcript.KindClosed, NextSessionID: intent.SessionID, Reason: nonEmpty(intent.ResetReason, "switch"),
 		TurnID: intent.ID, Timestamp: l.w.cfg.Now()}
-	return l.appendOwned(old, &e)
+	return l.append(old, &e)
 }
 
 // agentFor returns the cached agent of a session, or a new one.
@@ -964,7 +942,7 @@ func (e *emitter) Message(ctx context.Context, text string) error {
 	}
 	en := transcript.Entry{ID: e.nextID(interimTag), Kind: transcript.KindMessage, Role: transcript.RoleAssistant, Content: text,
 		FinishReason: "interim", TurnID: e.intent.ID, Timestamp: e.l.w.cfg.Now()}
-	if err := e.l.appendOwned(e.st, &en); err != nil {
+	if err := e.l.append(e.st, &en); err != nil {
 		return e.fail(err)
 	}
 	return e.fail(e.l.publishReplyAs(e.sessionKey, e.st, e.intent, en, session.ReplyKindReply, e.src))
@@ -976,7 +954,7 @@ func (e *emitter) ToolCall(ctx context.Context, call agent.ToolCall) error {
 	}
 	en := transcript.Entry{ID: e.nextID("e"), Kind: transcript.KindMessage, Role: "assistant", ToolCalls: []transcript.ToolCall{{ID: call.ID, Name: call.Name, Arguments: call.Arguments}},
 		TurnID: e.intent.ID, Timestamp: e.l.w.cfg.Now()}
-	return e.fail(e.l.appendOwned(e.st, &en))
+	return e.fail(e.l.append(e.st, &en))
 }
 
 func (e *emitter) ToolResult(ctx context.Context, callID, name, content string) error {
@@ -985,7 +963,7 @@ func (e *emitter) ToolResult(ctx context.Context, callID, name, content string) 
 	}
 	en := transcript.Entry{ID: e.nextID("e"), Kind: transcript.KindMessage, Role: "tool", ToolCallID: callID, ToolName: name,
 		Content: content, TurnID: e.intent.ID, Timestamp: e.l.w.cfg.Now()}
-	return e.fail(e.l.appendOwned(e.st, &en))
+	return e.fail(e.l.append(e.st, &en))
 }
 
 func (e *emitter) Usage(_ context.Context, u agent.Usage) error {
@@ -1166,7 +1144,7 @@ func (l *lane) steer(ctx context.Context, st *txState, intent *session.TurnInten
 			}
 			e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", intent.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
 				Content: m.body.Text, InboxSeq: m.seq, TurnID: intent.ID, SenderName: m.body.Source.UserName, Timestamp: l.w.cfg.Now()}
-			if err := l.appendOwned(st, &e); err != nil {
+			if err := l.append(st, &e); err != nil {
 				return nil, err
 			}
 		}
@@ -1216,7 +1194,7 @@ func (l *lane) discard(m inboxMsg) bool {
 		if !st.ids[id] {
 			e := transcript.Entry{ID: id, Kind: transcript.KindNotice, Role: "system", Content: "Discarded queued message: " + m.body.Text,
 				InboxSeq: m.seq, TurnID: id, Timestamp: l.w.cfg.Now()}
-			if err := l.appendOwned(st, &e); err != nil {
+			if err := l.append(st, &e); err != nil {
 				return false
 			}
 		}
