@@ -16,27 +16,27 @@ import (
 // runCommand records a command's intent and runs it. Commands travel through
 // the lane inbox, so they are ordered with the messages around them; each
 // answers the user with a short notice.
-func (l *lane) runCommand(m inboxMsg) bool {
+func (l *lane) runCommand(m inboxMsg) error {
 	w := l.w
 	// A platform retry of a command is not applied twice (an /undo undoing
 	// two turns).
 	if dup, err := l.duplicate(m); err != nil {
-		return false
+		return l.failed(err)
 	} else if dup {
-		return l.commit(m.seq) == nil
+		return l.commit(m.seq)
 	}
 	if session.ReadOnlyCommand(m.body.Command) && l.entry.SessionID != "" {
 		// Answered at once while a turn ran: its answer is in the
 		// transcript; republish it (same Msg-Id) and move on.
 		st, err := l.txFor(l.entry.SessionID)
 		if err != nil {
-			return false
+			return l.failed(err)
 		}
 		if e, ok := findEntry(st, answerID(m.seq)); ok {
 			if err := l.publishReply(st, &session.TurnIntent{ID: e.TurnID}, *e, session.ReplyKindNotice, sourceOf(l.entry, []inboxMsg{m})); err != nil {
-				return false
+				return l.failed(err)
 			}
-			return l.commit(m.seq) == nil
+			return l.commit(m.seq)
 		}
 	}
 	now := w.cfg.Now()
@@ -71,7 +71,7 @@ func (l *lane) runCommand(m inboxMsg) bool {
 			intent.ResetReason = session.ReasonFork
 			intent.ForkFrom = target
 			if err := w.store.Index(context.WithoutCancel(l.ctx), intent.SessionID, indexRecord(l.lane, l.entry.SessionKey, now, target)); err != nil {
-				return false
+				return l.failed(err)
 			}
 		}
 	}
@@ -91,7 +91,7 @@ func (l *lane) runCommand(m inboxMsg) bool {
 			rec.Title = l.nextTitle(title, "")
 		}
 		if err := w.store.Index(context.WithoutCancel(l.ctx), intent.SessionID, rec); err != nil {
-			return false
+			return l.failed(err)
 		}
 	}
 	src := sourceOf(l.entry, []inboxMsg{m})
@@ -118,14 +118,14 @@ func (l *lane) runCommand(m inboxMsg) bool {
 		return e, nil
 	}, true)
 	if err != nil {
-		return false
+		return l.failed(err)
 	}
 	return l.runCommandIntent(intent, []inboxMsg{m})
 }
 
 // runCommandIntent executes a recorded command intent; it is idempotent, so
 // recovery simply runs it again.
-func (l *lane) runCommandIntent(intent *session.TurnIntent, msgs []inboxMsg) bool {
+func (l *lane) runCommandIntent(intent *session.TurnIntent, msgs []inboxMsg) error {
 	if len(msgs) == 0 {
 		// The message is gone (pruned): nothing to do but commit.
 		return l.commitTurn(intent, StatusCommand, nil, nil)
@@ -134,24 +134,24 @@ func (l *lane) runCommandIntent(intent *session.TurnIntent, msgs []inboxMsg) boo
 	src := sourceOf(l.entry, msgs)
 	st, err := l.txFor(intent.SessionID)
 	if err != nil {
-		return false
+		return l.failed(err)
 	}
 	if intent.PreviousSessionID != "" {
 		if err := l.closeOld(intent); err != nil {
-			return false
+			return l.failed(err)
 		}
 	}
 	if intent.ForkFrom != "" {
 		if err := l.copyFork(st, intent); err != nil {
 			l.log.Warn("fork session", "from", intent.ForkFrom, "err", err)
-			return false
+			return l.failed(err)
 		}
 	}
 	text, apply, follow := l.commandEffect(st, intent, m)
 	if follow != nil {
 		// /retry: the rewind is stored; run the rewound text as a turn.
 		if err := l.emitNotice(st, intent, intent.ID+":notice:0", text, src); err != nil {
-			return false
+			return l.failed(err)
 		}
 		// The intent stays a command in the entry (recovery finds the
 		// stored rewind and counts the attempt, see recoverRetry): the turn
@@ -163,7 +163,7 @@ func (l *lane) runCommandIntent(intent *session.TurnIntent, msgs []inboxMsg) boo
 	}
 	if text != "" {
 		if err := l.emitNotice(st, intent, intent.ID+":notice:0", text, src); err != nil {
-			return false
+			return l.failed(err)
 		}
 	}
 	return l.finish(st, intent, StatusCommand, nil, apply)

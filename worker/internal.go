@@ -43,15 +43,15 @@ func (l *lane) publishAutoResume() error {
 // event with empty text, answered in the session with the resume note. It
 // only commits past the event when the lane is no longer due one (a message
 // already continued the session, or it was reset).
-func (l *lane) runAutoResume(m inboxMsg) bool {
+func (l *lane) runAutoResume(m inboxMsg) error {
 	if !l.autoResumeDue() || m.body.Args != l.entry.SessionID {
-		return l.commit(m.seq) == nil
+		return l.commit(m.seq)
 	}
 	st := &step{kind: session.KindInternal, msgs: []inboxMsg{m}}
 	intent, err := l.recordIntent(st)
 	if err != nil {
 		l.log.Warn("record intent", "err", err)
-		return false
+		return l.failed(err)
 	}
 	l.w.event("resume", l.lane, map[string]any{"turn_id": intent.ID, "session_id": intent.SessionID, "attempt": intent.Attempt,
 		"reason": l.entry.ResumeReason, "automatic": true})
@@ -60,12 +60,12 @@ func (l *lane) runAutoResume(m inboxMsg) bool {
 }
 
 // runInternal applies an internal command as the lane's owner.
-func (l *lane) runInternal(m inboxMsg) bool {
+func (l *lane) runInternal(m inboxMsg) error {
 	if m.body.Command == session.CmdAutoResume {
 		return l.runAutoResume(m)
 	}
 	if m.body.Command != session.CmdExpire {
-		return l.commit(m.seq) == nil
+		return l.commit(m.seq)
 	}
 	w := l.w
 	e := l.entry
@@ -73,7 +73,7 @@ func (l *lane) runInternal(m inboxMsg) bool {
 	expired := e.SessionID == m.body.Args && !e.ExpiryFinalized && e.Turn == nil &&
 		session.ShouldReset(e, policy, w.cfg.Now(), w.cfg.Location, false) != ""
 	if !expired {
-		return l.commit(m.seq) == nil
+		return l.commit(m.seq)
 	}
 	// Finalize: the lifecycle event for hooks, and cache eviction on every
 	// worker (this one included) through the broadcast subject.
@@ -92,8 +92,8 @@ func (l *lane) runInternal(m inboxMsg) bool {
 		return e, nil
 	}, true)
 	if err != nil {
-		return false
+		return l.failed(err)
 	}
 	l.ackUpTo(l.entry.CommittedSeq)
-	return true
+	return nil
 }

@@ -101,7 +101,7 @@ type owner struct {
 	rev   uint64
 	// pauseTag names the pausePoint of the next mutate (tests only).
 	pauseTag string
-	// lastWriteErr is the last failed durable write (see retryInPlace).
+	// lastWriteErr is the last failed durable write (see settle).
 	lastWriteErr error
 
 	// tx and agents are the sessions this ownership loaded (transcript
@@ -681,7 +681,7 @@ func (o *owner) dropHinted(seq uint64) {
 func seqString(s uint64) string { return strconv.FormatUint(s, 10) }
 
 // noteWriteErr remembers the last failed durable write of the lane, for
-// retryInPlace.
+// settle.
 func (o *owner) noteWriteErr(err error) {
 	if err != nil && !errors.Is(err, kv.ErrNoChange) {
 		o.lastWriteErr = err

@@ -34,7 +34,7 @@ type lane struct {
 	// lane is due an automatic resume (set when the lane is taken and when
 	// an admin command marked it resume_pending).
 	autoCheck bool
-	// failures counts the steps that failed in a row (see retryInPlace).
+	// failures counts the steps that failed in a row (see settle).
 	failures int
 }
 
@@ -127,28 +127,17 @@ func (l *lane) own(lease *kv.Lease) bool {
 	}
 
 	// A lane taken with a turn in flight resumes that turn (the previous
-	// owner died, or, after a failed step, see retryInPlace, this one could
+	// owner died, or, after a failed step, see settle, this one could
 	// not finish it); one taken without may be due an automatic resume (see
 	// autoResumeDue).
 	l.autoCheck = l.entry.Turn == nil
-	for l.entry.Turn != nil {
-		if l.recoverTurn() {
-			l.failures = 0
-			break
-		}
-		if !l.retryInPlace(nil) {
-			return false
-		}
+	if !l.recoverAll(true) {
+		return false
 	}
 
 	lingerUntil := time.Now().Add(w.cfg.Linger)
 	for {
-		if l.ctx.Err() != nil {
-			l.giveUp()
-			return false
-		}
-		if w.draining() {
-			l.release()
+		if l.ended() != keepOwning {
 			return false
 		}
 		st, err := l.nextStep(l.ctx)
@@ -157,9 +146,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 				continue
 			}
 			l.log.Warn("peek", "err", err)
-			if !l.wait(time.Second) {
-				continue
-			}
+			l.wait(time.Second)
 			continue
 		}
 		if st == nil && l.autoCheck {
@@ -176,23 +163,18 @@ func (l *lane) own(lease *kv.Lease) bool {
 				l.autoCheck = true
 			}
 			l.lastWriteErr = nil
-			if !l.runStep(st) {
-				// A drain timeout, a lost lease or a failed write.
-				if !l.retryInPlace(st) {
+			err := l.runStep(st)
+			if l.settle(st, err) != keepOwning {
+				return false
+			}
+			if err != nil {
+				// A drain timeout, a lost lease or a failed write, and
+				// the lane kept: whatever of the step was recorded is
+				// recovered first.
+				if !l.recoverAll(false) {
 					return false
 				}
-				for l.entry.Turn != nil {
-					if l.recoverTurn() {
-						break
-					}
-					if !l.retryInPlace(nil) {
-						return false
-					}
-				}
-				lingerUntil = time.Now().Add(w.cfg.Linger)
-				continue
 			}
-			l.failures = 0
 			lingerUntil = time.Now().Add(w.cfg.Linger)
 			continue
 		}
@@ -205,6 +187,26 @@ func (l *lane) own(lease *kv.Lease) bool {
 		}
 		l.wait(remaining)
 	}
+}
+
+// recoverAll recovers the turn in flight, if any, until none is: a lane
+// taken with one (the previous owner died) or left with one by a failed
+// step resumes it first. reset starts the failures in a row again when
+// it succeeds. It reports false when the ownership ended.
+func (l *lane) recoverAll(reset bool) bool {
+	for l.entry.Turn != nil {
+		err := l.recoverTurn()
+		if err == nil {
+			if reset {
+				l.failures = 0
+			}
+			return true
+		}
+		if l.settle(nil, err) != keepOwning {
+			return false
+		}
+	}
+	return true
 }
 
 // wait blocks until a hint, a delivery, a drain, the lane's end or d.

@@ -2,6 +2,10 @@ package worker
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/transcript"
 	"strings"
 
 	"github.com/agentfleet/agentfleet/session"
@@ -114,4 +118,72 @@ func resetsSession(m *inboxMsg) bool {
 // them anywhere) and /status.
 func transparent(m *inboxMsg) bool {
 	return m.kind == session.KindInternal || m.kind == session.KindCommand && session.ReadOnlyCommand(m.body.Command)
+}
+
+// runStep hands one step to its unit: a queue discard (here), a command
+// (commands.go), an internal command (internal.go) or a turn (turn.go). An
+// error means the step did not complete (settle decides what follows): the
+// lane was lost, the worker is stopping, or a write failed; a turn record
+// stays for the next attempt or owner.
+func (l *lane) runStep(st *step) error {
+	switch st.kind {
+	case kindDiscard:
+		return l.discard(st.msgs[0])
+	case session.KindCommand:
+		return l.runCommand(st.msgs[0])
+	case session.KindInternal:
+		return l.runInternal(st.msgs[0])
+	default:
+		// The platform message ids are looked up while the intent is
+		// recorded: both are reads or writes of their own buckets, and the
+		// turn needs both before its first append.
+		l.msgids = l.prefetchMsgIDs(st.msgs)
+		defer func() {
+			l.msgids.wait()
+			l.msgids = nil
+		}()
+		intent, err := l.recordIntent(st)
+		if err != nil {
+			l.log.Warn("record intent", "err", err)
+			return l.failed(err)
+		}
+		return l.execute(intent, st.msgs, false)
+	}
+}
+
+// discard records a /queue item discarded by a following /new or /reset: a
+// transcript note and an event, then the commit past it. The /new notice
+// tells the user how many.
+func (l *lane) discard(m inboxMsg) error {
+	if l.entry.SessionID != "" {
+		st, err := l.txFor(l.entry.SessionID)
+		if err != nil {
+			return l.failed(err)
+		}
+		id := fmt.Sprintf("discard:%d", m.seq)
+		if !st.ids[id] {
+			e := transcript.Entry{ID: id, Kind: transcript.KindNotice, Role: "system", Content: "Discarded queued message: " + m.body.Text,
+				InboxSeq: m.seq, TurnID: id, Timestamp: l.w.cfg.Now()}
+			if err := l.append(st, &e); err != nil {
+				return l.failed(err)
+			}
+		}
+	}
+	l.w.event("discarded", l.lane, map[string]any{"seq": m.seq, "reason": "reset"})
+	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+		if e.CommittedSeq >= m.seq {
+			return nil, kv.ErrNoChange
+		}
+		e.CommittedSeq = m.seq
+		e.DiscardedQueue++
+		if e.QueueDepth > 0 {
+			e.QueueDepth--
+		}
+		return e, nil
+	}, true)
+	if err != nil && !errors.Is(err, kv.ErrNoChange) {
+		return l.failed(err)
+	}
+	l.ackUpTo(l.entry.CommittedSeq)
+	return nil
 }
