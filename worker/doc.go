@@ -4,7 +4,7 @@
 //
 // The package is layered along the ownership seam.
 //
-// The owner layer (owner.go, type owner) is everything that makes one lane
+// The owner layer (owner.go and owner_inbox.go, type owner) is everything that makes one lane
 // ours and every durable write of it safe: the lease and its renew loop,
 // the self-fence (no write once the lease could have expired), the fence
 // entries on the lane's transcripts, the deliveries held for the lane, the
@@ -35,6 +35,7 @@
 // watcher lease and its loop), expiry.go (lease expiries wake stranded
 // lanes), sweep.go (expired sessions and stranded lanes), prune.go (old
 // entries). worker.go is the Worker itself (dispatch of deliveries to
-// lanes, drain, stop); errors.go holds the sentinels, faults.go the crash
-// and pause points the fault tests use.
+// lanes, drain, stop); config.go its Config (knobs the configuration file
+// has default to config.Default); errors.go holds the sentinels, faults.go
+// the crash and pause points the fault tests use.
 package worker

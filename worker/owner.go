@@ -2,12 +2,10 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/agent"
-	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/transcript"
@@ -126,568 +123,6 @@ func newOwner(w *Worker, laneTok string) *owner {
 	}
 }
 
-// inboxMsg is one lane message read from the inbox stream.
-type inboxMsg struct {
-	seq  uint64
-	kind string
-	body session.Inbound
-}
-
-var monoBase = time.Now()
-
-func mono() int64 { return int64(time.Since(monoBase)) }
-
-func seqOf(m jetstream.Msg) uint64 {
-	md, err := m.Metadata()
-	if err != nil {
-		return 0
-	}
-	return md.Sequence.Stream
-}
-
-// offer hands a delivery to the lane; false when the runner has stopped.
-func (o *owner) offer(m jetstream.Msg) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.closed {
-		return false
-	}
-	if old := o.held[seqOf(m)]; old != nil {
-		// A redelivery of a delivery we hold: the new one supersedes it.
-		_ = old
-	}
-	seq := seqOf(m)
-	o.held[seq] = m
-	o.heard(seq)
-	select {
-	case o.signal <- struct{}{}:
-	default:
-	}
-	return true
-}
-
-// heard records that inbox seq exists on the lane.
-func (o *owner) heard(seq uint64) { raise(&o.known, seq) }
-
-// raise sets v to seq if that is higher.
-func raise(v *atomic.Uint64, seq uint64) {
-	for {
-		cur := v.Load()
-		if seq <= cur || v.CompareAndSwap(cur, seq) {
-			return
-		}
-	}
-}
-
-// hintGrace is how long a read waits for the hint of a message only its
-// delivery announced so far: the server sends both at once, and the hint
-// carries the message, which saves the read.
-const hintGrace = 20 * time.Millisecond
-
-// awaitHint waits up to hintGrace for a hint above seq.
-func (o *owner) awaitHint(seq uint64) {
-	if o.hintKnown.Load() > seq {
-		return
-	}
-	t := time.NewTimer(hintGrace)
-	defer t.Stop()
-	for o.hintKnown.Load() <= seq {
-		select {
-		case <-o.hints:
-		case <-t.C:
-			return
-		case <-o.ctx.Done():
-			return
-		}
-	}
-}
-
-// mayHaveAfter reports whether the inbox may hold a message of the lane
-// after seq: always when blind, otherwise only when one was heard of.
-func (o *owner) mayHaveAfter(seq uint64) bool {
-	return o.blind.Load() || o.known.Load() > seq
-}
-
-func (o *owner) closeInbox() []jetstream.Msg {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.closed = true
-	out := make([]jetstream.Msg, 0, len(o.held))
-	for _, m := range o.held {
-		out = append(out, m)
-	}
-	o.held = map[uint64]jetstream.Msg{}
-	return out
-}
-
-// ackUpTo acks held deliveries at or below seq; it reports whether any
-// deliveries remain held.
-func (o *owner) ackUpTo(seq uint64) bool {
-	o.dropHinted(seq)
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	for s, m := range o.held {
-		if s <= seq {
-			_ = m.Ack()
-			delete(o.held, s)
-		}
-	}
-	return len(o.held) > 0
-}
-
-func (o *owner) heldCount() int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return len(o.held)
-}
-
-func (o *owner) firstHeldKey() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	for _, m := range o.held {
-		if k := m.Headers().Get(broker.HdrSessionKey); k != "" {
-			return k
-		}
-	}
-	return ""
-}
-
-// nakHeld hands every held delivery back, after delay.
-func (o *owner) nakHeld(delay time.Duration) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	for s, m := range o.held {
-		d := delay
-		if d < 0 {
-			// Short and doubling with the delivery count, capped at the TTL.
-			d = time.Second
-			if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
-				for i := uint64(1); i < md.NumDelivered && d < o.w.cfg.LeaseTTL; i++ {
-					d *= 2
-				}
-			}
-			if d > o.w.cfg.LeaseTTL {
-				d = o.w.cfg.LeaseTTL
-			}
-		}
-		if d == 0 {
-			_ = m.Nak()
-		} else {
-			_ = m.NakWithDelay(d)
-		}
-		delete(o.held, s)
-	}
-}
-
-func (o *owner) inProgressHeld() {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	for _, m := range o.held {
-		_ = m.InProgress()
-	}
-}
-
-func (o *owner) alive() bool {
-	if o.lost.Load() {
-		return false
-	}
-	deadline := int64(o.w.cfg.LeaseTTL - o.w.cfg.LeaseMargin)
-	return mono()-o.renewedAt.Load() < deadline
-}
-
-// checkAlive is the self-fence: no write once the lease could have expired.
-func (o *owner) checkAlive() error {
-	if !o.alive() {
-		o.cancel(kv.ErrLeaseLost)
-		return kv.ErrLeaseLost
-	}
-	return nil
-}
-
-// renewLoop renews the lease every TTL/3. InProgress goes out only in the
-// same tick as a successful renewal. An agent call running past the gateway
-// timeout plus a grace stops the renewals, so the lease expires and
-// recovery counts the turn.
-func (o *owner) renewLoop(done chan struct{}) {
-	defer close(done)
-	w := o.w
-	t := time.NewTicker(w.cfg.LeaseTTL / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-o.ctx.Done():
-			return
-		case <-t.C:
-		}
-		if ts := o.turnStart.Load(); ts != 0 && time.Duration(mono()-ts) > w.cfg.GatewayTimeout+w.cfg.LeaseTTL {
-			o.log.Error("agent exceeded the gateway timeout and ignores cancellation; letting the lease expire")
-			o.lost.Store(true)
-			o.cancel(kv.ErrLeaseLost)
-			return
-		}
-		err := w.leases.Renew(o.ctx, o.lease)
-		if err == nil {
-			o.renewedAt.Store(int64(o.lease.Renewed.Sub(monoBase)))
-			o.inProgressHeld()
-			continue
-		}
-		if errors.Is(err, kv.ErrLeaseLost) {
-			o.log.Warn("lease lost")
-			o.lost.Store(true)
-			o.cancel(kv.ErrLeaseLost)
-			return
-		}
-		if o.ctx.Err() != nil {
-			return
-		}
-		o.log.Warn("renew lease", "err", err)
-		if !o.alive() {
-			o.lost.Store(true)
-			o.cancel(kv.ErrLeaseLost)
-			return
-		}
-	}
-}
-
-// giveUp ends ownership without writing anything (the lease was lost, or a
-// hard stop): held deliveries go back without ack.
-func (o *owner) giveUp() {
-	o.cancel(errHardStop)
-	o.nakHeld(0)
-	o.parkTx()
-}
-
-// release ends ownership cleanly: owner cleared in the entry (the turn
-// record, if any, is kept for the next owner), lease deleted, held
-// deliveries above the committed seq handed back at once.
-func (o *owner) release() {
-	w := o.w
-	if err := o.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
-		e.Owner = ""
-		return e, nil
-	}, true); err != nil && !errors.Is(err, kv.ErrLeaseLost) {
-		o.log.Warn("release entry", "err", err)
-	}
-	o.cancel(errHardStop)
-	// The renew loop may be inside a Renew that writes the lease's
-	// revision: let it end before the release reads it.
-	<-o.renewDone
-	if err := w.leases.Release(context.WithoutCancel(w.hardCtx), o.lease); err != nil {
-		o.log.Warn("release lease", "err", err)
-	}
-	handOver := o.entry != nil && o.entry.Turn != nil
-	if !handOver && o.entry != nil && w.draining() {
-		// Released by a drain with messages still waiting: their deliveries
-		// may sit NAK-delayed on other workers.
-		if next, err := o.peek(w.hardCtx, o.entry.CommittedSeq+1); err == nil && next != nil {
-			handOver = true
-		}
-	}
-	if handOver {
-		// A turn record or waiting messages handed over (drain, failed
-		// write): the deliveries may sit delayed on other workers, so wake
-		// the lane now rather than after their delay.
-		wake := fmt.Sprintf("wake:%s:%d:handover", o.lane, o.lease.Epoch)
-		if err := w.publishInternal(context.WithoutCancel(w.hardCtx), o.lane, o.entry.SessionKey, session.CmdWake, "", wake); err != nil {
-			o.log.Warn("handover wake", "err", err)
-		}
-	}
-	committed := uint64(0)
-	if o.entry != nil {
-		committed = o.entry.CommittedSeq
-	}
-	o.ackUpTo(committed)
-	o.nakHeld(0)
-	o.parkTx()
-	o.log.Debug("lane released")
-}
-
-// releaseAndRecheck releases, then peeks once more: a message that arrived
-// after the last peek but before the release would otherwise wait for a
-// redelivery. It reports whether the lane must be taken again.
-func (o *owner) releaseAndRecheck() bool {
-	o.release()
-	if o.entry == nil {
-		return false
-	}
-	next, err := o.peek(o.w.hardCtx, o.entry.CommittedSeq+1)
-	return err == nil && next != nil && !o.w.draining()
-}
-
-// parkTx returns loaded transcripts and agents to the worker's cache.
-func (o *owner) parkTx() {
-	if o.entry == nil {
-		return
-	}
-	for sid, st := range o.tx {
-		if sid != o.entry.SessionID {
-			continue
-		}
-		o.w.cache.put(&cacheEntry{key: cacheKey(o.entry.SessionKey, sid), agent: o.agents[sid], tx: st})
-	}
-	o.tx = map[string]*txState{}
-	o.agents = map[string]agent.Agent{}
-}
-
-// mutate applies fn to the entry as its owner (fenced by owner and epoch),
-// writing against the revision of our own last write. fenced=false is only
-// for the take-over write itself.
-func (o *owner) mutate(fn kv.MutateFunc, fenced bool) error {
-	o.opMu.Lock()
-	defer o.opMu.Unlock()
-	if err := o.checkAlive(); err != nil {
-		return err
-	}
-	if o.pauseTag != "" {
-		pausePoint(o.pauseTag)
-	}
-	var fence *kv.Fence
-	if fenced {
-		fence = &kv.Fence{Owner: o.w.owner, Epoch: o.lease.Epoch}
-	}
-	e, rev, err := o.w.store.Mutate(context.WithoutCancel(o.ctx), o.lane, o.entry, o.rev, fence, fn)
-	if err != nil {
-		o.noteWriteErr(err)
-		if errors.Is(err, kv.ErrLeaseLost) {
-			o.lost.Store(true)
-			o.cancel(kv.ErrLeaseLost)
-		}
-		return err
-	}
-	o.entry, o.rev = e, rev
-	return nil
-}
-
-// txFor returns the loaded transcript of a session, from the lane, the
-// worker's cache (revalidated against the subject's last sequence) or the
-// stream.
-func (o *owner) txFor(sid string) (*txState, error) {
-	if st := o.tx[sid]; st != nil {
-		return st, nil
-	}
-	ctx := context.WithoutCancel(o.ctx)
-	key := ""
-	if o.entry != nil {
-		key = o.entry.SessionKey
-	}
-	if ce := o.w.cache.take(key, sid); ce != nil {
-		last, _, err := o.w.tx.LastSeq(ctx, sid)
-		if err == nil && last == ce.tx.last {
-			o.tx[sid] = ce.tx
-			if ce.agent != nil {
-				o.agents[sid] = ce.agent
-			}
-			return ce.tx, nil
-		}
-		closeAgent(ce.agent)
-	}
-	entries, last, err := o.w.tx.Load(ctx, sid)
-	if err != nil {
-		return nil, err
-	}
-	st := newTxState(sid, entries, last)
-	o.tx[sid] = st
-	return st, nil
-}
-
-// fenceAll appends a fence entry to every transcript the lane may be writing.
-func (o *owner) fenceAll() error {
-	sids := map[string]bool{}
-	if o.entry.SessionID != "" {
-		sids[o.entry.SessionID] = true
-	}
-	if t := o.entry.Turn; t != nil {
-		if t.SessionID != "" {
-			sids[t.SessionID] = true
-		}
-		if t.PreviousSessionID != "" {
-			sids[t.PreviousSessionID] = true
-		}
-	}
-	for sid := range sids {
-		if err := o.fence(sid); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (o *owner) fence(sid string) error {
-	for attempt := 0; attempt < 5; attempt++ {
-		st, err := o.txFor(sid)
-		if err != nil {
-			return err
-		}
-		e := transcript.Entry{Kind: transcript.KindFence, Epoch: o.lease.Epoch, Owner: o.w.owner, Timestamp: o.w.cfg.Now()}
-		err = o.appendTo(st, &e)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, transcript.ErrConflict) {
-			return err
-		}
-		// The error showed a newer tail (a zombie's late append): reload.
-		delete(o.tx, sid)
-		entries, last, lerr := o.w.tx.Load(context.WithoutCancel(o.ctx), sid)
-		if lerr != nil {
-			return lerr
-		}
-		o.tx[sid] = newTxState(sid, entries, last)
-	}
-	return fmt.Errorf("fence %s: the transcript kept moving", sid)
-}
-
-// appendTo appends e to a transcript with fencing on its tail.
-func (o *owner) appendTo(st *txState, e *transcript.Entry) error {
-	o.opMu.Lock()
-	defer o.opMu.Unlock()
-	if err := o.checkAlive(); err != nil {
-		return err
-	}
-	pausePoint("append:" + e.Role)
-	var seq uint64
-	var err error
-	for attempt := 0; ; attempt++ {
-		seq, err = o.w.tx.Append(context.WithoutCancel(o.ctx), st.sessionID, st.last, e)
-		// An unknown outcome is resolved by sending the same entry against
-		// the same tail again (the transcript log compares entry ids).
-		if err == nil || !errors.Is(err, transcript.ErrOutcomeUnknown) || attempt >= 5 || !o.alive() {
-			break
-		}
-	}
-	if err != nil {
-		o.noteWriteErr(err)
-		return err
-	}
-	e.Seq = seq
-	st.add(*e)
-	return nil
-}
-
-// append appends e to a transcript as the owner, fenced on its tail: a
-// conflict means another owner fenced the transcript, so the lane is lost.
-func (o *owner) append(st *txState, e *transcript.Entry) error {
-	err := o.appendTo(st, e)
-	if errors.Is(err, transcript.ErrConflict) {
-		o.lost.Store(true)
-		o.cancel(kv.ErrLeaseLost)
-		return fmt.Errorf("%w: %v", kv.ErrLeaseLost, err)
-	}
-	return err
-}
-
-// peek returns the lane's first inbox message at or after seq, or nil.
-//
-// A message a hint carried answers without a read when it is exactly that
-// message: the hint's Nats-Last-Sequence is the lane subject's previous seq
-// at the time it was stored, so a hinted message m is the first at or after
-// seq iff m.last < seq <= m.seq. Otherwise it is a direct get.
-func (o *owner) peek(ctx context.Context, seq uint64) (*inboxMsg, error) {
-	if seq == 0 {
-		seq = 1
-	}
-	if m := o.hintedAt(seq); m != nil {
-		return m, nil
-	}
-	raw, err := o.w.res.Inbox.GetMsg(context.WithoutCancel(ctx), seq, jetstream.WithGetMsgSubject(o.subject))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return o.decodeInbox(raw.Sequence, raw.Header, raw.Data), nil
-}
-
-func (o *owner) decodeInbox(seq uint64, hdr nats.Header, data []byte) *inboxMsg {
-	m := &inboxMsg{seq: seq, kind: hdr.Get(broker.HdrKind)}
-	if err := json.Unmarshal(data, &m.body); err != nil {
-		// Ingress never writes this; keep the lane moving with an empty
-		// message rather than wedging it.
-		o.log.Error("undecodable inbox message", "seq", seq, "err", err)
-		m.body = session.Inbound{Kind: session.KindMessage}
-	}
-	if m.kind == "" {
-		m.kind = m.body.Kind
-	}
-	if m.kind == "" {
-		m.kind = session.KindMessage
-	}
-	if m.body.SessionKey == "" {
-		m.body.SessionKey = hdr.Get(broker.HdrSessionKey)
-	}
-	return m
-}
-
-// hintedMsg is a message a hint carried, with the lane subject's previous
-// seq when it was stored.
-type hintedMsg struct {
-	last uint64
-	msg  *inboxMsg
-}
-
-// maxHinted bounds the hinted messages kept per lane; beyond it the oldest
-// go, and peek reads them from the stream.
-const maxHinted = 64
-
-// keepHint records the message a hint carries and returns its seq; false
-// when the hint lacks the sequence headers.
-func (o *owner) keepHint(m *nats.Msg) (uint64, bool) {
-	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
-	if err != nil || seq == 0 {
-		return 0, false
-	}
-	last, err := strconv.ParseUint(m.Header.Get(jetstream.LastSequenceHeader), 10, 64)
-	if err != nil || last >= seq || m.Header.Get("Nats-Msg-Size") != "" {
-		return seq, true // usable as a hint, not as the message
-	}
-	h := hintedMsg{last: last, msg: o.decodeInbox(seq, m.Header, m.Data)}
-	o.hintMu.Lock()
-	defer o.hintMu.Unlock()
-	if n := len(o.hinted); n > 0 && o.hinted[n-1].msg.seq >= seq {
-		return seq, true // out of order or repeated: ignore
-	}
-	if len(o.hinted) == maxHinted {
-		o.hinted = append(o.hinted[:0], o.hinted[1:]...)
-	}
-	o.hinted = append(o.hinted, h)
-	return seq, true
-}
-
-// hintedAt returns the hinted message that is the lane's first at or after
-// seq, or nil.
-func (o *owner) hintedAt(seq uint64) *inboxMsg {
-	o.hintMu.Lock()
-	defer o.hintMu.Unlock()
-	for _, h := range o.hinted {
-		if h.last < seq && seq <= h.msg.seq {
-			return h.msg
-		}
-	}
-	return nil
-}
-
-// dropHinted forgets the hinted messages at or below seq.
-func (o *owner) dropHinted(seq uint64) {
-	o.hintMu.Lock()
-	defer o.hintMu.Unlock()
-	i := 0
-	for i < len(o.hinted) && o.hinted[i].msg.seq <= seq {
-		i++
-	}
-	o.hinted = append(o.hinted[:0], o.hinted[i:]...)
-}
-
-func seqString(s uint64) string { return strconv.FormatUint(s, 10) }
-
-// noteWriteErr remembers the last failed durable write of the lane, for
-// settle.
-func (o *owner) noteWriteErr(err error) {
-	if err != nil && !errors.Is(err, kv.ErrNoChange) {
-		o.lastWriteErr = err
-	}
-}
-
 // begin starts an ownership with a freshly acquired lease: it starts the
 // renew loop, writes owner and epoch into the entry, fences the lane's
 // transcripts (from then on no append by a previous owner can land) and
@@ -764,6 +199,88 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 	return end, nil
 }
 
+// mutate applies fn to the entry as its owner (fenced by owner and epoch),
+// writing against the revision of our own last write. fenced=false is only
+// for the take-over write itself.
+func (o *owner) mutate(fn kv.MutateFunc, fenced bool) error {
+	o.opMu.Lock()
+	defer o.opMu.Unlock()
+	if err := o.checkAlive(); err != nil {
+		return err
+	}
+	if o.pauseTag != "" {
+		pausePoint(o.pauseTag)
+	}
+	var fence *kv.Fence
+	if fenced {
+		fence = &kv.Fence{Owner: o.w.owner, Epoch: o.lease.Epoch}
+	}
+	e, rev, err := o.w.store.Mutate(context.WithoutCancel(o.ctx), o.lane, o.entry, o.rev, fence, fn)
+	if err != nil {
+		o.noteWriteErr(err)
+		if errors.Is(err, kv.ErrLeaseLost) {
+			o.lost.Store(true)
+			o.cancel(kv.ErrLeaseLost)
+		}
+		return err
+	}
+	o.entry, o.rev = e, rev
+	return nil
+}
+
+// append appends e to a transcript as the owner, fenced on its tail: a
+// conflict means another owner fenced the transcript, so the lane is lost.
+func (o *owner) append(st *txState, e *transcript.Entry) error {
+	err := o.appendTo(st, e)
+	if errors.Is(err, transcript.ErrConflict) {
+		o.lost.Store(true)
+		o.cancel(kv.ErrLeaseLost)
+		return fmt.Errorf("%w: %v", kv.ErrLeaseLost, err)
+	}
+	return err
+}
+
+// appendTo appends e to a transcript with fencing on its tail.
+func (o *owner) appendTo(st *txState, e *transcript.Entry) error {
+	o.opMu.Lock()
+	defer o.opMu.Unlock()
+	if err := o.checkAlive(); err != nil {
+		return err
+	}
+	pausePoint("append:" + e.Role)
+	var seq uint64
+	var err error
+	for attempt := 0; ; attempt++ {
+		seq, err = o.w.tx.Append(context.WithoutCancel(o.ctx), st.sessionID, st.last, e)
+		// An unknown outcome is resolved by sending the same entry against
+		// the same tail again (the transcript log compares entry ids).
+		if err == nil || !errors.Is(err, transcript.ErrOutcomeUnknown) || attempt >= 5 || !o.alive() {
+			break
+		}
+	}
+	if err != nil {
+		o.noteWriteErr(err)
+		return err
+	}
+	e.Seq = seq
+	st.add(*e)
+	return nil
+}
+
+// publish publishes msg (a reply or a notice) with Msg-Id id as the lane's
+// owner: not once the lease could have expired. A publish that passed the
+// check late is refused by the stream as a duplicate of the new owner's.
+func (o *owner) publish(msg *nats.Msg, id string) error {
+	if err := o.checkAlive(); err != nil {
+		return err
+	}
+	pausePoint("reply")
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(o.ctx), 5*time.Second)
+	defer cancel()
+	_, err := o.w.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id))
+	return err
+}
+
 // commit moves committed_seq past seq with no turn, then acks the held
 // deliveries it covers.
 func (o *owner) commit(seq uint64) error {
@@ -781,16 +298,235 @@ func (o *owner) commit(seq uint64) error {
 	return nil
 }
 
-// publish publishes msg (a reply or a notice) with Msg-Id id as the lane's
-// owner: not once the lease could have expired. A publish that passed the
-// check late is refused by the stream as a duplicate of the new owner's.
-func (o *owner) publish(msg *nats.Msg, id string) error {
-	if err := o.checkAlive(); err != nil {
-		return err
+func (o *owner) alive() bool {
+	if o.lost.Load() {
+		return false
 	}
-	pausePoint("reply")
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(o.ctx), 5*time.Second)
-	defer cancel()
-	_, err := o.w.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id))
-	return err
+	deadline := int64(o.w.cfg.LeaseTTL - o.w.cfg.LeaseMargin)
+	return mono()-o.renewedAt.Load() < deadline
 }
+
+// checkAlive is the self-fence: no write once the lease could have expired.
+func (o *owner) checkAlive() error {
+	if !o.alive() {
+		o.cancel(kv.ErrLeaseLost)
+		return kv.ErrLeaseLost
+	}
+	return nil
+}
+
+// renewLoop renews the lease every TTL/3. InProgress goes out only in the
+// same tick as a successful renewal. An agent call running past the gateway
+// timeout plus a grace stops the renewals, so the lease expires and
+// recovery counts the turn.
+func (o *owner) renewLoop(done chan struct{}) {
+	defer close(done)
+	w := o.w
+	t := time.NewTicker(w.cfg.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-o.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if ts := o.turnStart.Load(); ts != 0 && time.Duration(mono()-ts) > w.cfg.GatewayTimeout+w.cfg.LeaseTTL {
+			o.log.Error("agent exceeded the gateway timeout and ignores cancellation; letting the lease expire")
+			o.lost.Store(true)
+			o.cancel(kv.ErrLeaseLost)
+			return
+		}
+		err := w.leases.Renew(o.ctx, o.lease)
+		if err == nil {
+			o.renewedAt.Store(int64(o.lease.Renewed.Sub(monoBase)))
+			o.inProgressHeld()
+			continue
+		}
+		if errors.Is(err, kv.ErrLeaseLost) {
+			o.log.Warn("lease lost")
+			o.lost.Store(true)
+			o.cancel(kv.ErrLeaseLost)
+			return
+		}
+		if o.ctx.Err() != nil {
+			return
+		}
+		o.log.Warn("renew lease", "err", err)
+		if !o.alive() {
+			o.lost.Store(true)
+			o.cancel(kv.ErrLeaseLost)
+			return
+		}
+	}
+}
+
+// fenceAll appends a fence entry to every transcript the lane may be writing.
+func (o *owner) fenceAll() error {
+	sids := map[string]bool{}
+	if o.entry.SessionID != "" {
+		sids[o.entry.SessionID] = true
+	}
+	if t := o.entry.Turn; t != nil {
+		if t.SessionID != "" {
+			sids[t.SessionID] = true
+		}
+		if t.PreviousSessionID != "" {
+			sids[t.PreviousSessionID] = true
+		}
+	}
+	for sid := range sids {
+		if err := o.fence(sid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (o *owner) fence(sid string) error {
+	for attempt := 0; attempt < 5; attempt++ {
+		st, err := o.txFor(sid)
+		if err != nil {
+			return err
+		}
+		e := transcript.Entry{Kind: transcript.KindFence, Epoch: o.lease.Epoch, Owner: o.w.owner, Timestamp: o.w.cfg.Now()}
+		err = o.appendTo(st, &e)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, transcript.ErrConflict) {
+			return err
+		}
+		// The error showed a newer tail (a zombie's late append): reload.
+		delete(o.tx, sid)
+		entries, last, lerr := o.w.tx.Load(context.WithoutCancel(o.ctx), sid)
+		if lerr != nil {
+			return lerr
+		}
+		o.tx[sid] = newTxState(sid, entries, last)
+	}
+	return fmt.Errorf("fence %s: the transcript kept moving", sid)
+}
+
+// txFor returns the loaded transcript of a session, from the lane, the
+// worker's cache (revalidated against the subject's last sequence) or the
+// stream.
+func (o *owner) txFor(sid string) (*txState, error) {
+	if st := o.tx[sid]; st != nil {
+		return st, nil
+	}
+	ctx := context.WithoutCancel(o.ctx)
+	key := ""
+	if o.entry != nil {
+		key = o.entry.SessionKey
+	}
+	if ce := o.w.cache.take(key, sid); ce != nil {
+		last, _, err := o.w.tx.LastSeq(ctx, sid)
+		if err == nil && last == ce.tx.last {
+			o.tx[sid] = ce.tx
+			if ce.agent != nil {
+				o.agents[sid] = ce.agent
+			}
+			return ce.tx, nil
+		}
+		closeAgent(ce.agent)
+	}
+	entries, last, err := o.w.tx.Load(ctx, sid)
+	if err != nil {
+		return nil, err
+	}
+	st := newTxState(sid, entries, last)
+	o.tx[sid] = st
+	return st, nil
+}
+
+// parkTx returns loaded transcripts and agents to the worker's cache.
+func (o *owner) parkTx() {
+	if o.entry == nil {
+		return
+	}
+	for sid, st := range o.tx {
+		if sid != o.entry.SessionID {
+			continue
+		}
+		o.w.cache.put(&cacheEntry{key: cacheKey(o.entry.SessionKey, sid), agent: o.agents[sid], tx: st})
+	}
+	o.tx = map[string]*txState{}
+	o.agents = map[string]agent.Agent{}
+}
+
+// giveUp ends ownership without writing anything (the lease was lost, or a
+// hard stop): held deliveries go back without ack.
+func (o *owner) giveUp() {
+	o.cancel(errHardStop)
+	o.nakHeld(0)
+	o.parkTx()
+}
+
+// release ends ownership cleanly: owner cleared in the entry (the turn
+// record, if any, is kept for the next owner), lease deleted, held
+// deliveries above the committed seq handed back at once.
+func (o *owner) release() {
+	w := o.w
+	if err := o.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+		e.Owner = ""
+		return e, nil
+	}, true); err != nil && !errors.Is(err, kv.ErrLeaseLost) {
+		o.log.Warn("release entry", "err", err)
+	}
+	o.cancel(errHardStop)
+	// The renew loop may be inside a Renew that writes the lease's
+	// revision: let it end before the release reads it.
+	<-o.renewDone
+	if err := w.leases.Release(context.WithoutCancel(w.hardCtx), o.lease); err != nil {
+		o.log.Warn("release lease", "err", err)
+	}
+	handOver := o.entry != nil && o.entry.Turn != nil
+	if !handOver && o.entry != nil && w.draining() {
+		// Released by a drain with messages still waiting: their deliveries
+		// may sit NAK-delayed on other workers.
+		if next, err := o.peek(w.hardCtx, o.entry.CommittedSeq+1); err == nil && next != nil {
+			handOver = true
+		}
+	}
+	if handOver {
+		// A turn record or waiting messages handed over (drain, failed
+		// write): the deliveries may sit delayed on other workers, so wake
+		// the lane now rather than after their delay.
+		wake := fmt.Sprintf("wake:%s:%d:handover", o.lane, o.lease.Epoch)
+		if err := w.publishInternal(context.WithoutCancel(w.hardCtx), o.lane, o.entry.SessionKey, session.CmdWake, "", wake); err != nil {
+			o.log.Warn("handover wake", "err", err)
+		}
+	}
+	committed := uint64(0)
+	if o.entry != nil {
+		committed = o.entry.CommittedSeq
+	}
+	o.ackUpTo(committed)
+	o.nakHeld(0)
+	o.parkTx()
+	o.log.Debug("lane released")
+}
+
+// releaseAndRecheck releases, then peeks once more: a message that arrived
+// after the last peek but before the release would otherwise wait for a
+// redelivery. It reports whether the lane must be taken again.
+func (o *owner) releaseAndRecheck() bool {
+	o.release()
+	if o.entry == nil {
+		return false
+	}
+	next, err := o.peek(o.w.hardCtx, o.entry.CommittedSeq+1)
+	return err == nil && next != nil && !o.w.draining()
+}
+
+// noteWriteErr remembers the last failed durable write of the lane, for
+// settle.
+func (o *owner) noteWriteErr(err error) {
+	if err != nil && !errors.Is(err, kv.ErrNoChange) {
+		o.lastWriteErr = err
+	}
+}
+
+var monoBase = time.Now()
+
+func mono() int64 { return int64(time.Since(monoBase)) }
