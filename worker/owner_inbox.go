@@ -85,10 +85,7 @@ func (o *owner) offer(m jetstream.Msg) bool {
 	if o.closed {
 		return false
 	}
-	if old := o.held[seqOf(m)]; old != nil {
-		// A redelivery of a delivery we hold: the new one supersedes it.
-		_ = old
-	}
+	// A redelivery of a delivery we hold supersedes it.
 	seq := seqOf(m)
 	o.held[seq] = m
 	o.heard(seq)
@@ -119,7 +116,7 @@ func (o *owner) ackUpTo(seq uint64) bool {
 	defer o.mu.Unlock()
 	for s, m := range o.held {
 		if s <= seq {
-			_ = m.Ack()
+			o.settled("ack", s, m.Ack())
 			delete(o.held, s)
 		}
 	}
@@ -162,9 +159,9 @@ func (o *owner) nakHeld(delay time.Duration) {
 			}
 		}
 		if d == 0 {
-			_ = m.Nak()
+			o.settled("nak", s, m.Nak())
 		} else {
-			_ = m.NakWithDelay(d)
+			o.settled("nak", s, m.NakWithDelay(d))
 		}
 		delete(o.held, s)
 	}
@@ -173,8 +170,18 @@ func (o *owner) nakHeld(delay time.Duration) {
 func (o *owner) inProgressHeld() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for _, m := range o.held {
-		_ = m.InProgress()
+	for s, m := range o.held {
+		o.settled("in progress", s, m.InProgress())
+	}
+}
+
+// settled logs an ack, nak or in-progress signal that did not reach the
+// server. Nothing else is done about it: the delivery comes back after its
+// ack wait (or its delay), and a lane reads its inbox from the stream, so a
+// lost signal costs a redelivery, never a message.
+func (o *owner) settled(what string, seq uint64, err error) {
+	if err != nil {
+		o.log.Debug("delivery signal failed", "signal", what, "seq", seq, "err", err)
 	}
 }
 

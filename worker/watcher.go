@@ -48,7 +48,9 @@ func (w *Worker) watcherLoop(stop <-chan struct{}) {
 	defer func() {
 		resign()
 		if lease != nil {
-			_ = w.leases.Release(context.Background(), lease)
+			if err := w.leases.Release(context.Background(), lease); err != nil {
+				w.log.Warn("release the watcher lease", "err", err)
+			}
 		}
 	}()
 	for {
