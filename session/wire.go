@@ -97,6 +97,26 @@ const (
 	CmdQueue  = "queue"
 )
 
+// Names of the admin commands fleetctl publishes into a lane's inbox
+// (Inbound.Command of a KindCommand message no user text classifies to).
+const (
+	CmdSuspend       = "suspend"
+	CmdResumePending = "resume_pending"
+)
+
+// Names of the internal commands the fleet itself publishes into a lane's
+// inbox (Inbound.Command of a KindInternal message), so that the lane's
+// owner applies them in order with everything else.
+const (
+	// CmdWake wakes a lane no worker holds.
+	CmdWake = "wake"
+	// CmdExpire ends a session whose reset policy expired it.
+	CmdExpire = "expire"
+	// CmdAutoResume runs the automatic turn of a resume_pending lane with
+	// no turn in flight; its Args name the session.
+	CmdAutoResume = "resume"
+)
+
 // Commands the fleet handles itself. Any other /word is passed to the agent
 // as text.
 var commands = map[string]string{
