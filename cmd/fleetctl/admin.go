@@ -12,6 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/agentfleet/agentfleet/admin"
+	"github.com/agentfleet/agentfleet/session"
 )
 
 // adminCommands publish commands into a lane's inbox, so that the lane's
