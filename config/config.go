@@ -599,6 +599,12 @@ type NATSConfig struct {
 	// Defaults to "".
 	Creds string `yaml:"creds" json:"creds"`
 
+	// NKey is the path of an nkey seed file (a user seed, "SU...") to
+	// authenticate with.
+	//
+	// Defaults to "".
+	NKey string `yaml:"nkey" json:"nkey"`
+
 	// Token is the token for token authentication. Secret.
 	//
 	// Defaults to "".

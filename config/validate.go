@@ -121,6 +121,9 @@ func (c *Config) Validate() error {
 	if c.NATS.Token != "" {
 		auth = append(auth, "nats.token")
 	}
+	if c.NATS.NKey != "" {
+		auth = append(auth, "nats.nkey")
+	}
 	if len(auth) > 1 {
 		add("nats", strings.Join(auth, ", "), fmt.Sprintf("more than one authentication method is set (%s); set only one", strings.Join(auth, ", ")))
 	}

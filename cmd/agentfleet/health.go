@@ -62,7 +62,7 @@ func healthCommand() *cli.Command {
 				url = c.String("nats")
 			}
 			nc, err := broker.Connect(broker.ConnectConfig{URL: url, Name: "agentfleet-healthcheck",
-				User: cfg.NATS.User, Password: cfg.NATS.Password, Token: cfg.NATS.Token, Creds: cfg.NATS.Creds,
+				User: cfg.NATS.User, Password: cfg.NATS.Password, Token: cfg.NATS.Token, Creds: cfg.NATS.Creds, NKey: cfg.NATS.NKey,
 				TLSCA: cfg.NATS.TLS.CA, TLSCert: cfg.NATS.TLS.Cert, TLSKey: cfg.NATS.TLS.Key, TLSInsecure: cfg.NATS.TLS.InsecureSkipVerify,
 				Timeout: c.Duration("timeout")})
 			if err != nil {

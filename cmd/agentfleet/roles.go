@@ -133,7 +133,7 @@ func newRuntime(cfg config.Config, log *slog.Logger) (*runtime, error) {
 func (rt *runtime) connect(name string) (*nats.Conn, jetstream.JetStream, error) {
 	cc := broker.ConnectConfig{
 		URL: rt.cfg.NATS.URL, InProcess: rt.srv, Name: name,
-		User: rt.cfg.NATS.User, Password: rt.cfg.NATS.Password, Token: rt.cfg.NATS.Token, Creds: rt.cfg.NATS.Creds,
+		User: rt.cfg.NATS.User, Password: rt.cfg.NATS.Password, Token: rt.cfg.NATS.Token, Creds: rt.cfg.NATS.Creds, NKey: rt.cfg.NATS.NKey,
 		TLSCA: rt.cfg.NATS.TLS.CA, TLSCert: rt.cfg.NATS.TLS.Cert, TLSKey: rt.cfg.NATS.TLS.Key, TLSInsecure: rt.cfg.NATS.TLS.InsecureSkipVerify,
 		Timeout: rt.cfg.NATS.ConnectTimeout.Duration(), Logger: rt.log,
 	}

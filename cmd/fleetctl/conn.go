@@ -107,12 +107,11 @@ func connectionFlags() []cli.Flag {
 	}
 }
 
-// settings is the effective configuration plus what the configuration
-// has no key for (an nkey file).
+// settings is the effective configuration, where each value came from, and
+// the nats context used.
 type settings struct {
 	cfg     config.Config
 	sources config.Sources
-	nkey    string
 	context string // the nats context used, if any
 }
 
@@ -128,7 +127,7 @@ func loadSettings(c *cli.Context) (settings, error) {
 	if !explicit {
 		// Only when nothing else names a server.
 		base, src, err := config.LoadSourced(c.String("config"), os.LookupEnv, nil)
-		if err == nil && src.Of("nats.url") == "" && !c.IsSet("server") && base.NATS.Creds == "" && base.NATS.User == "" {
+		if err == nil && src.Of("nats.url") == "" && !c.IsSet("server") && base.NATS.Creds == "" && base.NATS.NKey == "" && base.NATS.User == "" {
 			ctxName = selectedContext()
 		}
 	}
@@ -142,36 +141,30 @@ func loadSettings(c *cli.Context) (settings, error) {
 			s.context = ctxName
 			from := "nats context " + ctxName
 			for path, v := range map[string]string{"nats.url": nc.URL, "nats.user": nc.User, "nats.password": nc.Password, "nats.token": nc.Token,
-				"nats.creds": nc.Creds, "nats.tls.cert": nc.Cert, "nats.tls.key": nc.Key, "nats.tls.ca": nc.CA} {
+				"nats.creds": nc.Creds, "nats.tls.cert": nc.Cert, "nats.tls.key": nc.Key, "nats.tls.ca": nc.CA, "nats.nkey": nc.NKey} {
 				if v != "" {
 					overrides = append(overrides, config.Override{Path: path, Value: v, Source: from})
 				}
 			}
-			s.nkey = nc.NKey
 		}
 	}
 	// A method given by flag replaces the one the file, the environment or
 	// the context gave: only one may be set.
-	if c.IsSet("nkey") {
-		s.nkey = c.String("nkey")
-	}
 	var replaced []string
 	switch {
 	case c.IsSet("nkey"):
 		replaced = []string{"user", "password", "creds", "token"}
 	case c.IsSet("creds"):
-		replaced = []string{"user", "password", "token"}
-		s.nkey = ""
+		replaced = []string{"user", "password", "token", "nkey"}
 	case c.IsSet("user"):
-		replaced = []string{"creds", "token"}
-		s.nkey = ""
+		replaced = []string{"creds", "token", "nkey"}
 	}
 	for _, k := range replaced {
 		if !c.IsSet(k) {
 			overrides = append(overrides, config.Override{Path: "nats." + k, Value: "", Source: "replaced by a connection flag"})
 		}
 	}
-	for flag, path := range map[string]string{"server": "nats.url", "user": "nats.user", "password": "nats.password", "creds": "nats.creds",
+	for flag, path := range map[string]string{"server": "nats.url", "user": "nats.user", "password": "nats.password", "creds": "nats.creds", "nkey": "nats.nkey",
 		"tlscert": "nats.tls.cert", "tlskey": "nats.tls.key", "tlsca": "nats.tls.ca"} {
 		if c.IsSet(flag) {
 			overrides = append(overrides, config.Override{Path: path, Value: c.String(flag), Source: "flag --" + flag})

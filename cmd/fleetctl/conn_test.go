@@ -93,6 +93,12 @@ func TestConnectionFlagsAndContexts(t *testing.T) {
 	}
 	ok("-s", url, "--user", "ops", "--password", "s3cret")
 	ok("--nkey", seedFile, "-s", url)
+	// The nats.nkey key (here from its environment variable) authenticates
+	// like the flag, and a --user flag replaces it.
+	t.Setenv("AGENTFLEET_NATS_NKEY", seedFile)
+	ok("-s", url)
+	ok("-s", url, "--user", "ops", "--password", "s3cret")
+	t.Setenv("AGENTFLEET_NATS_NKEY", "")
 
 	writeContext(t, "ops", map[string]string{"url": url, "user": "ops", "password": "s3cret", "description": "the fleet"})
 	ok("--context", "ops")

@@ -121,7 +121,7 @@ func dialFor(c *cli.Context, follow bool) (*client, context.Context, context.Can
 	// the command's own --timeout.
 	wait := min(cfg.NATS.ConnectWait.Duration(), c.Duration("timeout"))
 	nc, err := broker.ConnectWait(ctx, broker.ConnectConfig{URL: cfg.NATS.URL, Name: "fleetctl", User: cfg.NATS.User, Password: cfg.NATS.Password,
-		Token: cfg.NATS.Token, Creds: cfg.NATS.Creds, NKey: s.nkey, TLSCA: cfg.NATS.TLS.CA, TLSCert: cfg.NATS.TLS.Cert, TLSKey: cfg.NATS.TLS.Key,
+		Token: cfg.NATS.Token, Creds: cfg.NATS.Creds, NKey: cfg.NATS.NKey, TLSCA: cfg.NATS.TLS.CA, TLSCert: cfg.NATS.TLS.Cert, TLSKey: cfg.NATS.TLS.Key,
 		TLSInsecure: cfg.NATS.TLS.InsecureSkipVerify, Timeout: cfg.NATS.ConnectTimeout.Duration(),
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}, wait)
 	if err != nil {

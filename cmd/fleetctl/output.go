@@ -93,7 +93,7 @@ func configCommand() *cli.Command {
 					if sources == nil {
 						sources = map[string]string{}
 					}
-					return printJSON(c.App.Writer, map[string]any{"config": cliutil.Redacted(s.cfg), "sources": sources, "nats_context": s.context, "nkey": s.nkey})
+					return printJSON(c.App.Writer, map[string]any{"config": cliutil.Redacted(s.cfg), "sources": sources, "nats_context": s.context})
 				}
 				out, err := cliutil.ShowConfig(s.cfg, s.sources)
 				if err != nil {
@@ -101,9 +101,6 @@ func configCommand() *cli.Command {
 				}
 				if s.context != "" {
 					out += "# nats context: " + s.context + "\n"
-				}
-				if s.nkey != "" {
-					out += "# nkey seed file: " + s.nkey + "\n"
 				}
 				_, err = fmt.Fprint(c.App.Writer, out)
 				return err
