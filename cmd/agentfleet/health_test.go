@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,8 @@ import (
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/test/natstest"
 	"github.com/agentfleet/agentfleet/worker"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
 )
 
 func runHealth(args ...string) error {
@@ -88,5 +92,38 @@ func TestHealthcheckNATSAndWorker(t *testing.T) {
 	put(worker.StateDraining)
 	if err := runHealth("--worker"); err == nil || !strings.Contains(err.Error(), "draining") {
 		t.Fatalf("draining worker: %v", err)
+	}
+}
+
+// TestHealthcheckNKey: against a server that admits only an nkey user, the
+// nats.nkey key (AGENTFLEET_NATS_NKEY) is what gets a process in.
+func TestHealthcheckNKey(t *testing.T) {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := kp.PublicKey()
+	seed, _ := kp.Seed()
+	seedFile := filepath.Join(t.TempDir(), "user.nk")
+	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: t.TempDir(),
+		NoLog: true, NoSigs: true, Nkeys: []*server.NkeyUser{{Nkey: pub}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	if !s.ReadyForConnections(30 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Setenv("NATS_URL", "")
+	if err := runHealth("--nats", s.ClientURL(), "--timeout", "10s"); err == nil || !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+		t.Fatalf("no nkey: %v", err)
+	}
+	t.Setenv("AGENTFLEET_NATS_NKEY", seedFile)
+	if err := runHealth("--nats", s.ClientURL(), "--timeout", "10s"); err != nil {
+		t.Fatalf("with the nkey: %v", err)
 	}
 }
