@@ -40,17 +40,20 @@ type Inbound struct {
 // Reply is one outbound reply or notice, derived from a transcript entry.
 type Reply struct {
 	// ID is "<session_id>:<transcript seq>", the Msg-Id everywhere downstream.
-	ID         string    `json:"id"`
-	SessionKey string    `json:"session_key"`
-	SessionID  string    `json:"session_id"`
-	TurnID     string    `json:"turn_id"`
-	TxSeq      uint64    `json:"tx_seq"`
-	Kind       string    `json:"kind"` // reply or notice
-	Text       string    `json:"text"`
-	Platform   Platform  `json:"platform"`
-	ChatID     string    `json:"chat_id,omitempty"`
-	ThreadID   string    `json:"thread_id,omitempty"`
-	CreatedAt  time.Time `json:"created_at"`
+	ID         string   `json:"id"`
+	SessionKey string   `json:"session_key"`
+	SessionID  string   `json:"session_id"`
+	TurnID     string   `json:"turn_id"`
+	TxSeq      uint64   `json:"tx_seq"`
+	Kind       string   `json:"kind"` // reply or notice
+	Text       string   `json:"text"`
+	Platform   Platform `json:"platform"`
+	ChatID     string   `json:"chat_id,omitempty"`
+	ThreadID   string   `json:"thread_id,omitempty"`
+	// ReplyTo is the platform id of the message the reply answers: the
+	// newest message of its turn (the reply anchor of a merged turn).
+	ReplyTo   string    `json:"reply_to,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 	// PossibleDuplicate marks a reply whose earlier send was ambiguous.
 	PossibleDuplicate bool `json:"possible_duplicate,omitempty"`
 }

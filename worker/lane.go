@@ -934,10 +934,13 @@ func (l *lane) nextStep(ctx context.Context) (*step, error) {
 		st.kind = kindDiscard
 		return st, nil
 	}
-	if first.kind != session.KindMessage || l.busyMode() == BusyQueue {
-		// In queue mode every plain message is its own turn, FIFO, as a
-		// /queue item is: nothing merges them.
+	if first.kind != session.KindMessage {
 		return st, nil
+	}
+	if l.busyMode() == BusyQueue {
+		// In queue mode every plain message is its own turn, FIFO, as a
+		// /queue item is: nothing merges them but the photos of one album.
+		return l.albumStep(ctx, st, blind)
 	}
 	size := len(first.body.Text)
 	last := first.seq

@@ -257,7 +257,6 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 	// The user entries, each once (a recovered turn may have some already).
 	var users []agent.UserMessage
 	for _, m := range msgs {
-		text := m.body.Text
 		if m.kind == session.KindInternal {
 			// An automatic resume is an event with empty text and no user
 			// entry; the fleet's wake-ups carry nothing.
@@ -267,7 +266,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 			continue
 		}
 		if st.userSeqs[m.seq] {
-			users = append(users, agent.UserMessage{InboxSeq: m.seq, Text: text, SenderName: m.body.Source.UserName})
+			users = append(users, userMessage(m))
 			continue
 		}
 		if dup, err := l.duplicate(m); err != nil {
@@ -275,8 +274,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		} else if dup {
 			continue
 		}
-		e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", intent.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
-			Content: text, InboxSeq: m.seq, TurnID: intent.ID, SenderName: m.body.Source.UserName, Timestamp: w.cfg.Now()}
+		e := userEntry(intent.ID, m, w.cfg.Now())
 		if err := l.appendOwned(st, &e); err != nil {
 			if tooLarge(err) {
 				// No retry can store it: tell the user, commit past it,
@@ -286,7 +284,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 			l.log.Warn("append user entry", "err", err)
 			return false
 		}
-		users = append(users, agent.UserMessage{InboxSeq: m.seq, Text: text, SenderName: m.body.Source.UserName})
+		users = append(users, userMessage(m))
 	}
 	crashPoint("after_append")
 	if len(users) == 0 {
@@ -321,6 +319,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		Attempt:       intent.Attempt,
 		History:       historyOf(retryHistory(st.history(), intent)),
 		Messages:      users,
+		Quote:         turnQuote(users),
 	}
 	var steerErr error // set by the agent goroutine, read after it is done
 	// Only a turn of plain messages takes steered input: a /queue item is
@@ -861,7 +860,7 @@ func (l *lane) publishReplyAs(key string, st *txState, intent *session.TurnInten
 	r := session.Reply{
 		ID: st.sessionID + ":" + seqString(e.Seq), SessionKey: key, SessionID: st.sessionID,
 		TurnID: intent.ID, TxSeq: e.Seq, Kind: kind, Text: e.Content, Platform: src.Platform,
-		ChatID: src.ChatID, ThreadID: src.ThreadID, CreatedAt: e.Timestamp,
+		ChatID: src.ChatID, ThreadID: src.ThreadID, ReplyTo: src.MessageID, CreatedAt: e.Timestamp,
 	}
 	data, err := jsonMarshal(r)
 	if err != nil {
@@ -1059,8 +1058,11 @@ func findEntry(st *txState, id string) (*transcript.Entry, bool) {
 }
 
 func sourceOf(e *session.SessionEntry, msgs []inboxMsg) session.SessionSource {
-	if len(msgs) > 0 && msgs[0].body.Source.Platform != "" {
-		return msgs[0].body.Source
+	// The newest message is the turn's reply anchor (its MessageID).
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].body.Source.Platform != "" {
+			return msgs[i].body.Source
+		}
 	}
 	if o, ok := e.OriginSource(); ok {
 		return o
@@ -1166,13 +1168,12 @@ func (l *lane) steer(ctx context.Context, st *txState, intent *session.TurnInten
 			} else if dup {
 				continue
 			}
-			e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", intent.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
-				Content: m.body.Text, InboxSeq: m.seq, TurnID: intent.ID, SenderName: m.body.Source.UserName, Timestamp: l.w.cfg.Now()}
+			e := userEntry(intent.ID, m, l.w.cfg.Now())
 			if err := l.appendOwned(st, &e); err != nil {
 				return nil, err
 			}
 		}
-		out = append(out, agent.UserMessage{InboxSeq: m.seq, Text: m.body.Text, SenderName: m.body.Source.UserName})
+		out = append(out, userMessage(m))
 	}
 	return out, nil
 }
@@ -1216,7 +1217,7 @@ func (l *lane) discard(m inboxMsg) bool {
 		}
 		id := fmt.Sprintf("discard:%d", m.seq)
 		if !st.ids[id] {
-			e := transcript.Entry{ID: id, Kind: transcript.KindNotice, Role: "system", Content: "Discarded queued message: " + m.body.Text,
+			e := transcript.Entry{ID: id, Kind: transcript.KindNotice, Role: "system", Content: "Discarded queued message: " + describeInbound(m.body),
 				InboxSeq: m.seq, TurnID: id, Timestamp: l.w.cfg.Now()}
 			if err := l.appendOwned(st, &e); err != nil {
 				return false
