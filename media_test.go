@@ -301,7 +301,6 @@ func TestMediaQueueDepthAndNew(t *testing.T) {
 	}
 }
 
-
 // TestMediaAlbumInQueueMode: in busy mode queue each plain message is its
 // own turn, but the photos of one album (media group) still make one.
 func TestMediaAlbumInQueueMode(t *testing.T) {
