@@ -89,6 +89,13 @@ func (s *Server) Publisher() *Publisher { return &Publisher{s: s} }
 // Names returns the fleet names the publisher writes under.
 func (p *Publisher) Names() broker.Names { return p.s.names }
 
+// SessionKey returns the session key a message from src is published
+// under: the derivation Publish uses, WhatsApp canonicalization included.
+func (p *Publisher) SessionKey(src session.SessionSource) string {
+	src.Normalize()
+	return session.BuildSessionKey(src, p.s.cfg.KeyOptions)
+}
+
 // Publish validates m, derives its lane and publishes it, unless m.DedupID
 // is known (then it returns the original's seq with Duplicate set). An
 // error wraps ErrRejected or ErrUnavailable.
