@@ -355,7 +355,7 @@ func buildKeys() []key {
 			"Most reply readers (long polls of /replies, /events streams) one client (its bearer token, else its IP address) may hold open at once; past it the server answers 429. At least 1.",
 			func(c *Config) *int { return &c.HTTP.MaxReadersPerClient }, minInt(1)),
 		field("http.public_url",
-			"URL at which agents reach this ingress (`https://fleet.example.com`): attachments of Telegram and Slack link to its media endpoint `/v1/media/<platform>/<file id>`, which fetches the file with the bot token so no token is written into messages or transcripts. Empty: `http://` + `http.addr` (a loopback host when the address names none), right for `agentfleet up`.",
+			"URL at which agents reach this ingress (`https://fleet.example.com`): attachments of Telegram, Slack and WhatsApp link to its media endpoint `/v1/media/<platform>/<file id>`, which fetches the file with the platform token so no token is written into messages or transcripts. Empty: `http://` + `http.addr` (a loopback host when the address names none), right for `agentfleet up`.",
 			func(c *Config) *string { return &c.HTTP.PublicURL }, checkHTTPURL),
 		field("delivery.backoff",
 			"Delay before the first retry of a failed reply delivery; it doubles per attempt up to 5s (or the backoff itself, if longer). Delivery retries until it succeeds: a reply is never dropped because its store was briefly unavailable. Positive.",
