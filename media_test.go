@@ -22,7 +22,9 @@ import (
 
 	"github.com/agentfleet/agentfleet"
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/test/natstest"
+	"github.com/agentfleet/agentfleet/transcript"
 )
 
 const mediaWait = 60 * time.Second
@@ -58,6 +60,7 @@ type mediaFleet struct {
 	t       *testing.T
 	api     *httptest.Server
 	rec     *recorder
+	tx      *transcript.Log
 	startFn func()
 }
 
@@ -70,7 +73,11 @@ func newMediaFleet(t *testing.T) *mediaFleet {
 		t.Fatal(err)
 	}
 	api := httptest.NewServer(h.Handler())
-	f := &mediaFleet{t: t, api: api, rec: &recorder{}}
+	tx, err := transcript.New(natstest.JetStream(t, nc), broker.MustNames(broker.DefaultPrefix), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &mediaFleet{t: t, api: api, rec: &recorder{}, tx: tx}
 	done := make(chan error, 1)
 	started := false
 	f.startFn = func() {
@@ -296,8 +303,36 @@ func TestMediaQueueDepthAndNew(t *testing.T) {
 	if strings.Join(got, "\n") != "d1\"hello\"[]\nd7\"fresh start\"[photo]" {
 		t.Errorf("the agent ran:\n%s\nwant only hello and the message after /new", strings.Join(got, "\n"))
 	}
-	if len(turns) == 2 && turns[0].SessionID == turns[1].SessionID {
-		t.Error("/new did not start a new session")
+	if len(turns) != 2 || turns[0].SessionID == turns[1].SessionID {
+		t.Fatal("/new did not start a new session")
+	}
+	// Recorded: the old session's transcript names each discarded item by
+	// its media; the new one keeps the photo's attachment.
+	entries, _, err := f.tx.Load(t.Context(), turns[0].SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var notes []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Content, "Discarded queued message") {
+			notes = append(notes, e.Content)
+		}
+	}
+	if strings.Join(notes, "|") != "Discarded queued message: [voice]|Discarded queued message: the report [document]|Discarded queued message: [audio]" {
+		t.Errorf("discard notes %q", notes)
+	}
+	entries, _, err = f.tx.Load(t.Context(), turns[1].SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var photos int
+	for _, e := range entries {
+		if e.Role == "user" && len(e.Attachments) == 1 && e.Attachments[0].URL == "https://files.example/p.jpg" {
+			photos++
+		}
+	}
+	if photos != 1 {
+		t.Errorf("the new session's transcript has %d user entries with the photo, want 1", photos)
 	}
 }
 
