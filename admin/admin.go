@@ -129,7 +129,7 @@ func (f *Fleet) LaneBacklog(ctx context.Context, lane string, e *session.Session
 
 // Commands are the lane commands an operator may send, by their name in
 // the lane protocol.
-var Commands = []string{"stop", "reset", "suspend", "resume_pending", "busy"}
+var Commands = []string{session.CmdStop, session.CmdReset, session.CmdSuspend, session.CmdResumePending, session.CmdBusy}
 
 // BusyModes are the arguments of the busy command.
 var BusyModes = []string{"interrupt", "queue", "steer"}
@@ -137,12 +137,12 @@ var BusyModes = []string{"interrupt", "queue", "steer"}
 // CheckCommand says whether command with args may be sent to a lane.
 func CheckCommand(command, args string) error {
 	switch command {
-	case "stop", "reset", "suspend", "resume_pending":
+	case session.CmdStop, session.CmdReset, session.CmdSuspend, session.CmdResumePending:
 		if args != "" {
 			return fmt.Errorf("command %s takes no argument", command)
 		}
 		return nil
-	case "busy":
+	case session.CmdBusy:
 		if args != "interrupt" && args != "queue" && args != "steer" {
 			return fmt.Errorf("busy mode %q: want interrupt, queue or steer", args)
 		}

@@ -905,8 +905,8 @@ func Default() Config {
 			Sync:    SyncDefault,
 		},
 		Lease: LeaseConfig{
-			TTL:    Duration(15 * time.Second),
-			Margin: Duration(2 * time.Second),
+			TTL:    Duration(broker.DefaultLeaseTTL),
+			Margin: Duration(broker.DefaultLeaseMargin),
 		},
 		Worker: WorkerConfig{
 			Lanes:           64,

@@ -40,22 +40,23 @@ type Inbound struct {
 // Reply is one outbound reply or notice, derived from a transcript entry.
 type Reply struct {
 	// ID is "<session_id>:<transcript seq>", the Msg-Id everywhere downstream.
-	ID         string   `json:"id"`
-	SessionKey string   `json:"session_key"`
-	SessionID  string   `json:"session_id"`
-	TurnID     string   `json:"turn_id"`
-	TxSeq      uint64   `json:"tx_seq"`
-	Kind       string   `json:"kind"` // reply or notice
-	Text       string   `json:"text"`
-	Platform   Platform `json:"platform"`
-	ChatID     string   `json:"chat_id,omitempty"`
-	ThreadID   string   `json:"thread_id,omitempty"`
-	// ReplyTo is the platform id of the message the reply answers: the
-	// newest message of its turn (the reply anchor of a merged turn).
-	ReplyTo   string    `json:"reply_to,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
+	ID         string    `json:"id"`
+	SessionKey string    `json:"session_key"`
+	SessionID  string    `json:"session_id"`
+	TurnID     string    `json:"turn_id"`
+	TxSeq      uint64    `json:"tx_seq"`
+	Kind       string    `json:"kind"` // reply or notice
+	Text       string    `json:"text"`
+	Platform   Platform  `json:"platform"`
+	ChatID     string    `json:"chat_id,omitempty"`
+	ThreadID   string    `json:"thread_id,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
 	// PossibleDuplicate marks a reply whose earlier send was ambiguous.
 	PossibleDuplicate bool `json:"possible_duplicate,omitempty"`
+
+	// ReplyTo is the platform id of the message the reply answers: the
+	// newest message of its turn (the reply anchor of a merged turn).
+	ReplyTo string `json:"reply_to,omitempty"`
 }
 
 // Delta is a piece of a reply being written, streamed while a turn runs.
@@ -98,6 +99,26 @@ const (
 	CmdBusy   = "busy"
 	CmdTitle  = "title"
 	CmdQueue  = "queue"
+)
+
+// Names of the admin commands fleetctl publishes into a lane's inbox
+// (Inbound.Command of a KindCommand message no user text classifies to).
+const (
+	CmdSuspend       = "suspend"
+	CmdResumePending = "resume_pending"
+)
+
+// Names of the internal commands the fleet itself publishes into a lane's
+// inbox (Inbound.Command of a KindInternal message), so that the lane's
+// owner applies them in order with everything else.
+const (
+	// CmdWake wakes a lane no worker holds.
+	CmdWake = "wake"
+	// CmdExpire ends a session whose reset policy expired it.
+	CmdExpire = "expire"
+	// CmdAutoResume runs the automatic turn of a resume_pending lane with
+	// no turn in flight; its Args name the session.
+	CmdAutoResume = "resume"
 )
 
 // Commands the fleet handles itself. Any other /word is passed to the agent

@@ -12,6 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/agentfleet/agentfleet/admin"
+	"github.com/agentfleet/agentfleet/session"
 )
 
 // adminCommands publish commands into a lane's inbox, so that the lane's
@@ -62,11 +63,11 @@ func adminCommands() []*cli.Command {
 		}
 	}
 	return []*cli.Command{
-		mk("stop", "stop", "interrupt the running turn and suspend the session (like /stop)", ""),
-		mk("reset", "reset", "start a new session (like /reset)", ""),
-		mk("suspend", "suspend", "suspend the session: the next message starts a fresh one", ""),
-		mk("resume-pending", "resume_pending", "mark the session resume_pending (restart_interrupted)", ""),
-		mk("busy", "busy", "set the lane's busy mode (like /busy)", "MODE"),
+		mk("stop", session.CmdStop, "interrupt the running turn and suspend the session (like /stop)", ""),
+		mk("reset", session.CmdReset, "start a new session (like /reset)", ""),
+		mk("suspend", session.CmdSuspend, "suspend the session: the next message starts a fresh one", ""),
+		mk("resume-pending", session.CmdResumePending, "mark the session resume_pending (restart_interrupted)", ""),
+		mk("busy", session.CmdBusy, "set the lane's busy mode (like /busy)", "MODE"),
 		{
 			Name:  "suspend-recent",
 			Usage: "mark sessions updated within --max-age resume_pending (after an unclean stop of the whole fleet without markers)",
