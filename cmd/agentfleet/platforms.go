@@ -82,6 +82,10 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 			p.stop()
 			return nil, err
 		}
+		if err := rt.startLive(ctx, js, res, telegram.LiveConfig(a.Sender()), ingress.TokenID(tg.Token), wg); err != nil {
+			p.stop()
+			return nil, err
+		}
 	}
 	sl := rt.cfg.Slack()
 	if sl.Enabled() {
@@ -118,6 +122,10 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 			p.stop()
 			return nil, err
 		}
+		if err := rt.startLive(ctx, js, res, slack.LiveConfig(a.Sender()), ingress.TokenID(sl.BotToken), wg); err != nil {
+			p.stop()
+			return nil, err
+		}
 	}
 	return p, nil
 }
@@ -136,5 +144,32 @@ func (p *platforms) startDelivery(ctx context.Context, rt *runtime, js jetstream
 		return err
 	}
 	p.deliveries = append(p.deliveries, d)
+	return nil
+}
+
+// startLive runs the platform's live messages (streamed deltas edited into
+// one message) in one process of the fleet: under a singleton lease, as
+// the poll loop. The delivery consumer, in any process, finds the live
+// message in the delivered bucket.
+func (rt *runtime) startLive(ctx context.Context, js jetstream.JetStream, res *broker.Resources, cfg ingress.LiveEditsConfig, id string, wg *sync.WaitGroup) error {
+	if cfg.Sender == nil {
+		return nil
+	}
+	cfg.Names = rt.names
+	cfg.Logger = rt.log
+	l, err := ingress.NewLiveEdits(js, res, cfg)
+	if err != nil {
+		return err
+	}
+	s, err := ingress.NewSingleton(js, res, ingress.SingletonConfig{Names: rt.names, Kind: string(cfg.Platform) + "_live",
+		ID: id, Logger: rt.log})
+	if err != nil {
+		return err
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = s.Run(ctx, l.Run)
+	}()
 	return nil
 }
