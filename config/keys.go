@@ -482,6 +482,31 @@ func platformKeys() []key {
 				storePlatform(c, sl, pc)
 			},
 		},
+		liveEditsKey(tg, "Telegram", "editMessageText"),
+		liveEditsKey(sl, "Slack", "chat.update"),
+	}
+}
+
+// liveEditsKey is platforms.<p>.live_edits (default true).
+func liveEditsKey(p session.Platform, name, method string) key {
+	return key{
+		path: "platforms." + string(p) + ".live_edits", kind: kindBool, def: "true",
+		desc: "A streaming agent's reply shows on " + name + " as one message edited in place (`" + method +
+			"`, at most once a second per chat) until the final reply replaces its text. false: only the final reply is posted.",
+		get: func(c *Config, _ []string) (any, bool) {
+			if m := c.Platforms[p].LiveEdits; m != nil {
+				return *m, true
+			}
+			return true, true
+		},
+		set: func(c *Config, _ []string, v any) {
+			pc := c.Platforms[p]
+			pc.LiveEdits = nil // true is the default
+			if b := v.(bool); !b {
+				pc.LiveEdits = &b
+			}
+			storePlatform(c, p, pc)
+		},
 	}
 }
 

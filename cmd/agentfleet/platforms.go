@@ -82,9 +82,11 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 			p.stop()
 			return nil, err
 		}
-		if err := rt.startLive(ctx, js, res, telegram.LiveConfig(a.Sender()), ingress.TokenID(tg.Token), wg); err != nil {
-			p.stop()
-			return nil, err
+		if tg.LiveEdits {
+			if err := rt.startLive(ctx, js, res, telegram.LiveConfig(a.Sender()), ingress.TokenID(tg.Token), wg); err != nil {
+				p.stop()
+				return nil, err
+			}
 		}
 	}
 	sl := rt.cfg.Slack()
@@ -122,9 +124,11 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 			p.stop()
 			return nil, err
 		}
-		if err := rt.startLive(ctx, js, res, slack.LiveConfig(a.Sender()), ingress.TokenID(sl.BotToken), wg); err != nil {
-			p.stop()
-			return nil, err
+		if sl.LiveEdits {
+			if err := rt.startLive(ctx, js, res, slack.LiveConfig(a.Sender()), ingress.TokenID(sl.BotToken), wg); err != nil {
+				p.stop()
+				return nil, err
+			}
 		}
 	}
 	return p, nil
