@@ -492,7 +492,7 @@ func liveEditsKey(p session.Platform, name, method string) key {
 	return key{
 		path: "platforms." + string(p) + ".live_edits", kind: kindBool, def: "true",
 		desc: "A streaming agent's reply shows on " + name + " as one message edited in place (`" + method +
-			"`, at most once a second per chat) until the final reply replaces its text. false: only the final reply is posted.",
+			"`, at most once a second per chat) until the final reply replaces its text. false: only the final reply is posted. Set it alike on every ingress.",
 		get: func(c *Config, _ []string) (any, bool) {
 			if m := c.Platforms[p].LiveEdits; m != nil {
 				return *m, true

@@ -405,7 +405,7 @@ const liveClaimPoll = 50 * time.Millisecond
 // streamer in flight is waited for, up to twice the send timeout (a
 // streamer that died meanwhile does not hold the reply longer).
 func (d *PlatformDelivery) claimLive(ctx context.Context, rep *session.Reply) string {
-	if _, ok := d.cfg.Sender.(LiveSender); !ok || rep.TurnID == "" || rep.Kind != session.ReplyKindReply {
+	if !d.cfg.LiveEdits || rep.TurnID == "" || rep.Kind != session.ReplyKindReply {
 		return ""
 	}
 	key := liveKey(d.cfg.Names, d.cfg.Platform, rep.TurnID)

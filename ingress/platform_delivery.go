@@ -107,6 +107,11 @@ type PlatformDeliveryConfig struct {
 	Backoff, BackoffMax time.Duration
 	// SendTimeout bounds one send. Defaults to 20s.
 	SendTimeout time.Duration
+	// LiveEdits makes a reply replace its turn's live message (posted by a
+	// LiveEdits of the platform, in any process) with its first part,
+	// rather than post a new one. It needs a Sender that is a LiveSender.
+	// Set it alike on every process of the fleet.
+	LiveEdits bool
 	// Logger receives structured logs. Defaults to a discard logger.
 	Logger *slog.Logger
 }
@@ -191,6 +196,9 @@ func NewPlatformDelivery(js jetstream.JetStream, res *broker.Resources, cfg Plat
 	}
 	if cfg.MaxLen < 64 {
 		return nil, fmt.Errorf("%w: platform delivery: MaxLen %d is below 64", ErrInvalidConfig, cfg.MaxLen)
+	}
+	if _, ok := cfg.Sender.(LiveSender); cfg.LiveEdits && !ok {
+		return nil, fmt.Errorf("%w: platform delivery: LiveEdits needs a Sender that can edit messages", ErrInvalidConfig)
 	}
 	if cfg.Names.Prefix() == "" {
 		cfg.Names = broker.MustNames(broker.DefaultPrefix)

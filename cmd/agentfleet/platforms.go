@@ -78,6 +78,7 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 			rt.log.Info("telegram webhook enabled", "path", "/webhooks/telegram")
 		}
 		cfg := telegram.DeliveryConfig(a.Sender())
+		cfg.LiveEdits = tg.LiveEdits
 		if err := p.startDelivery(ctx, rt, js, res, cfg); err != nil {
 			p.stop()
 			return nil, err
@@ -120,7 +121,9 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 			}()
 			rt.log.Info("slack socket mode enabled", "lease", s.Key())
 		}
-		if err := p.startDelivery(ctx, rt, js, res, slack.DeliveryConfig(a.Sender())); err != nil {
+		scfg := slack.DeliveryConfig(a.Sender())
+		scfg.LiveEdits = sl.LiveEdits
+		if err := p.startDelivery(ctx, rt, js, res, scfg); err != nil {
 			p.stop()
 			return nil, err
 		}

@@ -19,7 +19,7 @@ import (
 func TestLiveMessageUpdated(t *testing.T) {
 	t.Parallel()
 	b := setup(t, false)
-	b.startDelivery(nil)
+	b.startDelivery(func(c *ingress.PlatformDeliveryConfig) { c.LiveEdits = true })
 	b.StartLive(slack.LiveConfig(b.adapter.Sender()), func(c *ingress.LiveEditsConfig) { c.EditInterval = 200 * time.Millisecond })
 	const channel, thread = "D0USER0001", "1700000000.000100"
 	key := b.PutSession(session.PlatformSlack, channel, thread)

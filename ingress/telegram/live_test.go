@@ -19,7 +19,7 @@ const liveInterval = 300 * time.Millisecond
 // startLive runs the delivery and the live messages of the bundle's bot,
 // the live edits paced at liveInterval per chat.
 func (b *bundle) startLive() {
-	b.startDelivery(nil)
+	b.startDelivery(func(c *ingress.PlatformDeliveryConfig) { c.LiveEdits = true })
 	b.StartLive(telegram.LiveConfig(b.adapter.Sender()), func(c *ingress.LiveEditsConfig) { c.EditInterval = liveInterval })
 }
 
