@@ -263,7 +263,15 @@ func checkLane(t *testing.T, s *stack, l *lane, evs []worker.TurnEvent, st *stat
 	for i, m := range l.msgs {
 		switch n := match.count[i]; {
 		case n == 0:
-			st.fail(t, "LOST", "%s: LOST: accepted message %d (id %s, seq %d) is not in the transcript; %s", l.chat, m.idx, m.id, m.seq, s.describeInbox(m.seq))
+			var copies []uint64 // every inbox copy of the message, for the report
+			for seq, id := range idOfSeq {
+				if id == m.id {
+					copies = append(copies, seq)
+				}
+			}
+			slices.Sort(copies)
+			st.fail(t, "LOST", "%s: LOST: accepted message %d (id %s, seq %d; inbox copies at %v) is not in the transcript; %s",
+				l.chat, m.idx, m.id, m.seq, copies, s.describeInbox(m.seq))
 		case n > 1:
 			st.fail(t, "DUPLICATED", "%s: DUPLICATED: message %d (id %s, seq %d) is in the transcript %d times", l.chat, m.idx, m.id, m.seq, n)
 		}
