@@ -179,19 +179,38 @@ func checkInvariants(t *testing.T, s *stack, lanes []*lane) stats {
 	if len(dl) > 0 {
 		t.Errorf("%d dead letters: the run's faults should never interrupt one turn three times", len(dl))
 	}
+	// The inbox ranges each lane dead-lettered: a message in one is not in
+	// the transcript by design (recorded, the user told), so it is reported
+	// as DEADLETTERED rather than LOST (the dead letter fails the run
+	// above).
+	deadRanges := map[string][][2]uint64{}
+	for _, m := range dl {
+		var ev struct {
+			TurnID   string `json:"turn_id"`
+			FirstSeq uint64 `json:"first_seq"`
+			LastSeq  uint64 `json:"last_seq"`
+			Reason   string `json:"reason"`
+		}
+		if json.Unmarshal(m.Data, &ev) != nil {
+			continue
+		}
+		lane := strings.TrimPrefix(m.Subject, s.names.EventSubject("deadletter", ""))
+		deadRanges[lane] = append(deadRanges[lane], [2]uint64{ev.FirstSeq, ev.LastSeq})
+		t.Logf("dead letter on %s: turn %s, inbox seqs %d..%d, reason %q, at %s", lane, ev.TurnID, ev.FirstSeq, ev.LastSeq, ev.Reason, m.Time.Format(time.StampMilli))
+	}
 
 	for _, l := range lanes {
 		if len(l.msgs) == 0 {
 			continue
 		}
 		st.messages += len(l.msgs)
-		checkLane(t, s, l, st.byLane[session.LaneToken(l.key)], &st)
+		checkLane(t, s, l, st.byLane[session.LaneToken(l.key)], deadRanges[session.LaneToken(l.key)], &st)
 	}
 	checkOwnership(t, &st)
 	return st
 }
 
-func checkLane(t *testing.T, s *stack, l *lane, evs []worker.TurnEvent, st *stats) {
+func checkLane(t *testing.T, s *stack, l *lane, evs []worker.TurnEvent, dead [][2]uint64, st *stats) {
 	t.Helper()
 	e, err := s.entry(l.key)
 	if err != nil {
@@ -261,7 +280,18 @@ func checkLane(t *testing.T, s *stack, l *lane, evs []worker.TurnEvent, st *stat
 	}
 	match := matchMessages(sentMsgs, users, func(seq uint64) (string, bool) { id, ok := idOfSeq[seq]; return id, ok })
 	for i, m := range l.msgs {
+		deadLettered := func(seq uint64) bool {
+			for _, r := range dead {
+				if seq >= r[0] && seq <= r[1] {
+					return true
+				}
+			}
+			return false
+		}
 		switch n := match.count[i]; {
+		case n == 0 && deadLettered(m.seq):
+			st.violations["DEADLETTERED"]++
+			t.Errorf("%s: DEADLETTERED: accepted message %d (id %s, seq %d) is in a dead-lettered turn's range, not in the transcript", l.chat, m.idx, m.id, m.seq)
 		case n == 0:
 			var copies []uint64 // every inbox copy of the message, for the report
 			for seq, id := range idOfSeq {
@@ -543,8 +573,8 @@ func report(t *testing.T, s *stack, lanes []*lane, faults []*fault, st stats) {
 		kills, partitions, restarts, st.epochs, st.takeovers, st.resumed, st.fences, st.deadLettered)
 	fmt.Fprintf(&b, "accepted messages the transcript holds under an earlier inbox seq than their 202 named (first publish stored despite a 503; the retry ran as duplicate): %d\n", st.retried)
 	fmt.Fprintf(&b, "entries after a fence whose turn shows no turn event of that epoch or later (events are best effort; not a failure): %d\n", st.unattributed)
-	fmt.Fprintf(&b, "invariants: lost %d, duplicated %d, order violations %d, overlapping owners %d\n",
-		st.violations["LOST"], st.violations["DUPLICATED"], st.violations["ORDER"], st.violations["OWNERS"])
+	fmt.Fprintf(&b, "invariants: lost %d (and %d in dead-lettered turns), duplicated %d, order violations %d, overlapping owners %d\n",
+		st.violations["LOST"], st.violations["DEADLETTERED"], st.violations["DUPLICATED"], st.violations["ORDER"], st.violations["OWNERS"])
 
 	// The baseline: messages sent before the first fault.
 	var calm []time.Duration
