@@ -152,3 +152,29 @@ func TestLiveFinalFirst(t *testing.T) {
 		t.Fatalf("sent %+v, edits %+v", sent, b.api.Edits())
 	}
 }
+
+// TestLiveStateLost: when the live message's record is gone (the state the
+// streamer and the delivery share), the final reply is posted as a normal
+// new message: never lost, and the streamer stops editing.
+func TestLiveStateLost(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startLive()
+	key := b.PutSession(session.PlatformTelegram, "325", "")
+	b.Delta(key, "turn-6", 1, "partial")
+	b.waitText(1, "partial")
+	if err := b.Res.Delivered.Purge(t.Context(), "telegram.live."+session.LaneToken("turn-6")); err != nil {
+		t.Fatal(err)
+	}
+	b.PublishTurnReply(session.PlatformTelegram, "20261123_120000_abcdef01:6", "turn-6", "325", "", "The whole answer.")
+	sent := b.waitSent(2)
+	b.Delta(key, "turn-6", 2, " more")
+	b.Delta(key, "turn-7", 1, "next turn")
+	sent = b.waitSent(3)
+	if sent[1].Text != "The whole answer." || sent[2].Text != "next turn" || b.api.Text(1) != "partial" {
+		t.Fatalf("sent %+v, message 1 shows %q", sent, b.api.Text(1))
+	}
+	if edits := b.api.Edits(); len(edits) != 0 {
+		t.Fatalf("edits %+v", edits)
+	}
+}
