@@ -43,6 +43,26 @@ type Target struct {
 	ChatID, ThreadID string
 	// SessionKey is the lane's session key, for logs.
 	SessionKey string
+	// ReplyTo is the platform id of the message to post this one as a
+	// reply to (the reply anchor, see ReplyAnchor), set on the first part
+	// of a reply only; empty: a plain message. A Sender drops an anchor
+	// that is not a message id of its platform.
+	ReplyTo string
+}
+
+// ReplyAnchor is the message rep is posted as a reply to: its ReplyTo (the
+// newest message of its turn) in a group, channel or thread, where several
+// people talk; none in a DM, where the answer follows the question anyway
+// and a quote on every message is noise (the platforms' own assistants do
+// the same).
+func ReplyAnchor(rep *session.Reply) string {
+	if rep.ReplyTo == "" {
+		return ""
+	}
+	if _, chatType, _, err := session.SplitSessionKey(rep.SessionKey); err != nil || chatType == session.ChatDM {
+		return ""
+	}
+	return rep.ReplyTo
 }
 
 // SendError classifies a failed send for the delivery's retry logic.
@@ -393,6 +413,10 @@ func (d *PlatformDelivery) deliverReply(ctx context.Context, msg jetstream.Msg) 
 		}
 		text := chunks[i]
 		edit := i == 0 && st.Live != ""
+		target.ReplyTo = ""
+		if i == 0 && !edit {
+			target.ReplyTo = ReplyAnchor(rep)
+		}
 		if !edit && (st.Inflight == i || (i == 0 && rep.PossibleDuplicate)) {
 			text = DuplicateLabel + text
 		}
