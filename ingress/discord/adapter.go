@@ -226,7 +226,7 @@ func (s sender) Send(ctx context.Context, t ingress.Target, text string) error {
 		return &ingress.SendError{Permanent: true, Err: fmt.Errorf("chat id %q is not a Discord channel id", chat)}
 	}
 	body := channelMessage{MessageCreate: create}
-	if ref, err := snowflake.Parse(t.ReplyTo); err == nil && ref != 0 {
+	if ref, err := snowflake.Parse(t.Anchor("")); err == nil && ref != 0 {
 		// A reply to the anchor, without pinging its author; a deleted
 		// anchor gives a plain message.
 		body.MessageReference = &messageReference{MessageID: ref.String(), FailIfNotExists: false}

@@ -363,7 +363,7 @@ func (s sender) Send(ctx context.Context, t ingress.Target, text string) error {
 		thread = n
 	}
 	var replyTo int64
-	if n, err := strconv.ParseInt(t.ReplyTo, 10, 64); err == nil && n > 0 {
+	if n, err := strconv.ParseInt(t.Anchor(""), 10, 64); err == nil && n > 0 {
 		replyTo = n
 	}
 	err := s.a.client.SendMessage(ctx, t.ChatID, thread, replyTo, text)
