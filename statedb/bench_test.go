@@ -271,18 +271,33 @@ func BenchmarkSearch(b *testing.B) {
 }
 
 // generate writes messages from..to (exclusive) across sessions of 50
-// messages, in transactions of 5000 rows.
+// messages. The rows go in with the full-text triggers dropped, then each
+// FTS table is filled from them in large INSERT … SELECT transactions and
+// the triggers are put back: the same file the indexer would write, built
+// several times faster.
 func generate(ctx context.Context, db *DB, c *corpus, from, to int) error {
 	base := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	srcs := []string{"telegram", "slack", "http", "discord", "whatsapp"}
-	for off := from; off < to; off += 5000 {
+	var firstID int64
+	err := db.write(ctx, func(tx *sql.Tx) error {
+		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(id), 0) + 1 FROM messages`).Scan(&firstID); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `DROP TRIGGER IF EXISTS messages_fts_insert`)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	const batch = 20000
+	for off := from; off < to; off += batch {
 		err := db.write(ctx, func(tx *sql.Tx) error {
 			st, err := tx.PrepareContext(ctx, `INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, ?, ?, ?)`)
 			if err != nil {
 				return err
 			}
 			defer st.Close()
-			for i := off; i < min(off+5000, to); i++ {
+			for i := off; i < min(off+batch, to); i++ {
 				sid := fmt.Sprintf("s%07d", i/50)
 				at := base.Add(time.Duration(i) * time.Second)
 				if i%50 == 0 {
@@ -304,7 +319,26 @@ func generate(ctx context.Context, db *DB, c *corpus, from, to int) error {
 			return err
 		}
 	}
-	return nil
+	var lastID int64
+	if err := db.r.QueryRowContext(ctx, `SELECT COALESCE(MAX(id), 0) FROM messages`).Scan(&lastID); err != nil {
+		return err
+	}
+	for _, t := range []string{"messages_fts", "messages_fts_trigram"} {
+		for lo := firstID; lo <= lastID; lo += 100000 {
+			err := db.write(ctx, func(tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx, `INSERT INTO `+t+`(rowid, content, tool_name, tool_calls)
+					SELECT id, content, tool_name, tool_calls FROM messages WHERE id BETWEEN ? AND ?`, lo, lo+99999)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return db.write(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, ftsV11[2])
+		return err
+	})
 }
 
 func envInt(name string, def int) int {
