@@ -357,7 +357,12 @@ func (ix *Indexer) runOnce(ctx context.Context) error {
 			armed = false
 			flush = true
 		}
-		if m.len() >= ix.cfg.BatchSize {
+		// A full batch goes at once only when the merge can release it
+		// without waiting for the other stream (a batch cut short there
+		// would make the next arrival of that stream flush a few rows at a
+		// time, each its own transaction and FTS segment); the rest goes
+		// when the timer fires.
+		if m.ready(ix.cfg.BatchSize) >= ix.cfg.BatchSize {
 			flush = true
 		}
 		if !flush {
@@ -367,16 +372,22 @@ func (ix *Indexer) runOnce(ctx context.Context) error {
 			}
 			continue
 		}
-		batch, err := m.take(ctx, ix.cfg.BatchSize)
-		if err != nil {
-			return err
-		}
-		if len(batch) > 0 {
-			if err := ix.apply(ctx, batch); err != nil {
+		// Full batches follow each other while the merge releases them.
+		for {
+			batch, err := m.take(ctx, ix.cfg.BatchSize)
+			if err != nil {
 				return err
 			}
-			for _, d := range batch {
-				_ = d.msg.Ack()
+			if len(batch) > 0 {
+				if err := ix.apply(ctx, batch); err != nil {
+					return err
+				}
+				for _, d := range batch {
+					_ = d.msg.Ack()
+				}
+			}
+			if len(batch) < ix.cfg.BatchSize {
+				break
 			}
 		}
 		if !armed && m.len() > 0 {
@@ -405,6 +416,22 @@ func (m *merger) add(d delivery) {
 }
 
 func (m *merger) len() int { return len(m.pend[0]) + len(m.pend[1]) }
+
+// ready counts, up to n, the deliveries take releases without asking
+// whether a stream is drained: those stored before the other stream's
+// oldest pending one.
+func (m *merger) ready(n int) int {
+	a, b := m.pend[0], m.pend[1]
+	i, j := 0, 0
+	for i < len(a) && j < len(b) && i+j < n {
+		if b[j].at.Before(a[i].at) {
+			j++
+		} else {
+			i++
+		}
+	}
+	return i + j
+}
 
 // drained reports whether every message of stream s stored so far has been
 // received: its consumer has nothing pending and delivered nothing beyond
