@@ -498,7 +498,7 @@ var testHookInBatch func()
 
 // sessionInfo is what the KV index says about a session id.
 type sessionInfo struct {
-	source, userID, parent, title string
+	source, userID, parent, title, lane string
 	created                       time.Time
 }
 
@@ -621,7 +621,7 @@ func (ix *Indexer) lookup(ctx context.Context, sid string, first time.Time) sess
 		}
 		return info
 	}
-	info.parent, info.title = rec.ParentSessionID, rec.Title
+	info.parent, info.title, info.lane = rec.ParentSessionID, rec.Title, rec.Lane
 	if !rec.CreatedAt.IsZero() {
 		info.created = rec.CreatedAt
 	}
@@ -671,7 +671,7 @@ func ensureSession(ctx context.Context, tx *sql.Tx, sid string, first time.Time,
 	if !ok {
 		info = sessionInfo{created: first, source: "unknown"}
 	}
-	ns := NewSession{ID: sid, Source: info.source, UserID: info.userID, ParentSessionID: info.parent, StartedAt: info.created}
+	ns := NewSession{ID: sid, Source: info.source, UserID: info.userID, ParentSessionID: info.parent, StartedAt: info.created, Lane: info.lane}
 	if err := createSession(ctx, tx, ns); err != nil {
 		return err
 	}
