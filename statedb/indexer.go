@@ -499,7 +499,7 @@ var testHookInBatch func()
 // sessionInfo is what the KV index says about a session id.
 type sessionInfo struct {
 	source, userID, parent, title, lane string
-	created                       time.Time
+	created                             time.Time
 }
 
 // apply writes one batch in one transaction, cursors included.
