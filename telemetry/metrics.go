@@ -29,6 +29,7 @@ const (
 	MetricAgentTokens      = "agentfleet.agent.tokens"
 	MetricDeliveryAttempts = "agentfleet.delivery.attempts"
 	MetricDeliveryFailures = "agentfleet.delivery.failures"
+	MetricReplyLatency     = "agentfleet.reply.latency"
 )
 
 // The attribute keys of the fleet's instruments.
@@ -51,6 +52,8 @@ type Metrics struct {
 	redeliveries, leaseAcquired, leaseTakeovers  metric.Int64Counter
 	cacheHits, cacheMisses, cacheEvictions       metric.Int64Counter
 	agentTokens, deliveryAttempts, deliveryFails metric.Int64Counter
+
+	replyLatency metric.Float64Histogram
 
 	tokensIn, tokensOut metric.MeasurementOption
 }
@@ -83,6 +86,11 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 		metric.WithExplicitBucketBoundaries(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
 	errs = append(errs, err)
 	x.turnDuration = h
+	h, err = m.Float64Histogram(MetricReplyLatency, metric.WithUnit("s"),
+		metric.WithDescription("Time from the ingress's acceptance of a turn's first message to the publish of the turn's reply."),
+		metric.WithExplicitBucketBoundaries(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
+	errs = append(errs, err)
+	x.replyLatency = h
 	x.tokensIn = metric.WithAttributeSet(attribute.NewSet(AttrTokenType.String("input")))
 	x.tokensOut = metric.WithAttributeSet(attribute.NewSet(AttrTokenType.String("output")))
 	if err := errors.Join(errs...); err != nil {
@@ -184,5 +192,13 @@ func (m *Metrics) DeliveryAttempt(ctx context.Context, platform string, err erro
 	m.deliveryAttempts.Add(ctx, 1, opt)
 	if err != nil {
 		m.deliveryFails.Add(ctx, 1, opt)
+	}
+}
+
+// ReplyLatency records the time from a turn's first message's acceptance
+// to its reply's publish.
+func (m *Metrics) ReplyLatency(ctx context.Context, d time.Duration) {
+	if m != nil {
+		m.replyLatency.Record(ctx, d.Seconds())
 	}
 }

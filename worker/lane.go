@@ -15,11 +15,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 	"github.com/agentfleet/agentfleet/transcript"
 )
 
@@ -35,6 +38,8 @@ type inboxMsg struct {
 	seq  uint64
 	kind string
 	body session.Inbound
+	// trace is the span context of the message's publish, if traced.
+	trace trace.SpanContext
 }
 
 // step is the next unit of lane work: a turn of plain messages, one /queue
@@ -50,6 +55,10 @@ type lane struct {
 	lane    string
 	subject string
 	log     *slog.Logger
+	// logScope adds the running turn's ids to log's lines; tt is the
+	// running turn's trace (tracing.go).
+	logScope telemetry.LogScope
+	tt       atomic.Pointer[turnTrace]
 	// renewDone is closed when the current ownership's renew loop ended.
 	renewDone chan struct{}
 	// pauseTag names the pausePoint of the next mutate (tests only).
@@ -115,17 +124,19 @@ func mono() int64 { return int64(time.Since(monoBase)) }
 
 func newLane(w *Worker, laneTok string) *lane {
 	p := session.Partition(w.names.Prefix(), laneTok)
-	return &lane{
+	l := &lane{
 		w:       w,
 		lane:    laneTok,
 		subject: w.names.InboxSubject(p, laneTok),
-		log:     w.log.With("lane", laneTok),
 		held:    map[uint64]jetstream.Msg{},
 		signal:  make(chan struct{}, 1),
 		hints:   make(chan struct{}, 1),
 		tx:      map[string]*txState{},
 		agents:  map[string]agent.Agent{},
 	}
+	// The lines of a turn carry its session, turn and trace ids.
+	l.log = l.logScope.Logger(w.log.With(telemetry.LaneKey, laneTok))
+	return l
 }
 
 func seqOf(m jetstream.Msg) uint64 {
@@ -800,7 +811,10 @@ func (l *lane) appendTo(st *txState, e *transcript.Entry) error {
 // appendOwned appends as the owner: a conflict means another owner fenced
 // the transcript, so the lane is lost.
 func (l *lane) appendOwned(st *txState, e *transcript.Entry) error {
+	_, end := l.childSpan(context.Background(), "transcript append", attribute.String("agentfleet.entry.role", e.Role),
+		attribute.String("agentfleet.entry.kind", e.Kind))
 	err := l.appendTo(st, e)
+	end(err)
 	if errors.Is(err, transcript.ErrConflict) {
 		l.lost.Store(true)
 		l.cancel(errLeaseLost)
@@ -833,7 +847,7 @@ func (l *lane) peek(ctx context.Context, seq uint64) (*inboxMsg, error) {
 }
 
 func (l *lane) decodeInbox(seq uint64, hdr nats.Header, data []byte) *inboxMsg {
-	m := &inboxMsg{seq: seq, kind: hdr.Get(broker.HdrKind)}
+	m := &inboxMsg{seq: seq, kind: hdr.Get(broker.HdrKind), trace: telemetry.SpanContextOf(hdr)}
 	if err := json.Unmarshal(data, &m.body); err != nil {
 		// Ingress never writes this; keep the lane moving with an empty
 		// message rather than wedging it.
@@ -1055,6 +1069,9 @@ func (l *lane) runAutoResume(m inboxMsg) bool {
 		return l.commitSimple(m.seq)
 	}
 	st := &step{kind: session.KindInternal, msgs: []inboxMsg{m}}
+	if l.startTurnTrace(st.msgs, "") {
+		defer l.endTurnTrace()
+	}
 	intent, err := l.recordIntent(st)
 	if err != nil {
 		l.log.Warn("record intent", "err", err)

@@ -19,6 +19,7 @@ import (
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 	"github.com/agentfleet/agentfleet/transcript"
 )
 
@@ -58,6 +59,7 @@ func (l *lane) turnEvent(typ string, t *session.TurnIntent, status string) {
 		l.w.cfg.Metrics.TurnStarted(context.Background())
 	} else {
 		l.w.cfg.Metrics.TurnEnded(context.Background(), status, l.turnStarted)
+		l.traceTurnEnd(status)
 	}
 	l.w.event("turn", l.lane, TurnEvent{Type: typ, Lane: l.lane, TurnID: t.ID, SessionID: t.SessionID,
 		Owner: l.w.owner, Epoch: l.lease.Epoch, FirstSeq: t.FirstSeq, LastSeq: t.LastSeq, Attempt: t.Attempt,
@@ -79,6 +81,9 @@ func (l *lane) runStep(st *step) bool {
 		// The platform message ids are looked up while the intent is
 		// recorded: both are reads or writes of their own buckets, and the
 		// turn needs both before its first append.
+		if l.startTurnTrace(st.msgs, "") {
+			defer l.endTurnTrace()
+		}
 		l.msgids = l.prefetchMsgIDs(st.msgs)
 		defer func() {
 			l.msgids.wait()
@@ -168,6 +173,7 @@ func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
 		Owner:             w.owner,
 		Epoch:             l.lease.Epoch,
 		StartedAt:         now,
+		TraceParent:       l.turnTraceParent(),
 	}
 	intent.Notes, intent.Notices = l.decisionNotes(dec, policy, src.Platform)
 	// A /queue turn counts the items behind it (the inbox scan is paid by
@@ -228,6 +234,14 @@ func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
 // execute runs an intent to its commit. resumed is true on recovery.
 func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool) bool {
 	w := l.w
+	prev := ""
+	if resumed {
+		prev = intent.TraceParent
+	}
+	if l.startTurnTrace(msgs, prev) {
+		defer l.endTurnTrace()
+	}
+	l.traceIntent(intent, resumed)
 	st, err := l.txFor(intent.SessionID)
 	if err != nil {
 		l.log.Warn("load transcript", "err", err)
@@ -346,12 +360,17 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 	}
 	if resumed && intent.AgentStarted < intent.Attempt {
 		// Recorded before the agent runs: only an attempt interrupted
-		// from here on counts as interrupted (see recoverTurn).
+		// from here on counts as interrupted (see recoverTurn). The
+		// attempt's span is the one a later resume links to.
+		tp := l.turnTraceParent()
 		if err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 			if e.Turn == nil || e.Turn.ID != intent.ID {
 				return nil, errLeaseLost
 			}
 			e.Turn.AgentStarted = intent.Attempt
+			if tp != "" {
+				e.Turn.TraceParent = tp
+			}
 			return e, nil
 		}, true); err != nil {
 			release()
@@ -359,6 +378,9 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 			return false
 		}
 		intent.AgentStarted = intent.Attempt
+		if tp != "" {
+			intent.TraceParent = tp
+		}
 	}
 	em := &emitter{l: l, st: st, intent: intent, src: src, sessionKey: turn.SessionKey}
 	res, runErr, stopCause := l.runAgent(a, em, turn)
@@ -522,7 +544,9 @@ func (l *lane) runAgent(a agent.Agent, em *emitter, turn *agent.Turn) (*agent.Re
 			}
 			done <- o
 		}()
-		o.res, o.err = a.Run(ctx, turn, em)
+		actx, end := l.childSpan(ctx, "agent run", telemetry.AttrTurnAttempt.Int(turn.Attempt))
+		defer func() { end(o.err) }()
+		o.res, o.err = a.Run(actx, turn, em)
 	}()
 
 	mode := l.busyMode()
@@ -875,9 +899,12 @@ func (l *lane) publishReplyAs(key string, st *txState, intent *session.TurnInten
 	msg.Data = data
 	msg.Header.Set(broker.HdrSessionKey, key)
 	msg.Header.Set(broker.HdrTurnID, intent.ID)
+	end := l.traceReply(msg.Header, r.ID, kind)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), 5*time.Second)
 	defer cancel()
-	if _, err := l.w.js.PublishMsg(ctx, msg, jetstream.WithMsgID(r.ID)); err != nil {
+	_, err = l.w.js.PublishMsg(ctx, msg, jetstream.WithMsgID(r.ID))
+	end(err)
+	if err != nil {
 		l.log.Warn("publish reply", "id", r.ID, "err", err)
 		return err
 	}

@@ -15,9 +15,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/telemetry"
 	"github.com/agentfleet/agentfleet/transcript"
 )
 
@@ -35,6 +37,7 @@ type Worker struct {
 	tx     *transcript.Log
 	owner  string
 	log    *slog.Logger
+	tracer trace.Tracer
 	cache  *agentCache
 
 	mu        sync.Mutex
@@ -106,6 +109,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Confi
 	}
 	w.log = c.Logger.With("worker", w.owner)
 	w.cache.metrics = c.Metrics
+	w.tracer = telemetry.Tracer(c.TracerProvider)
 	w.hardCtx, w.hardStop = context.WithCancel(context.Background())
 	return w, nil
 }
@@ -262,6 +266,7 @@ func (w *Worker) dispatch(msg jetstream.Msg) {
 		_ = msg.Ack()
 		return
 	}
+	w.traceDelivery(msg, laneTok)
 	if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
 		w.stats.Redelivered.Add(1)
 		w.cfg.Metrics.Redelivered(context.Background())
