@@ -30,6 +30,7 @@ const (
 	MetricDeliveryAttempts = "agentfleet.delivery.attempts"
 	MetricDeliveryFailures = "agentfleet.delivery.failures"
 	MetricReplyLatency     = "agentfleet.reply.latency"
+	MetricDeliveryGivenUp  = "agentfleet.delivery.given_up"
 )
 
 // The attribute keys of the fleet's instruments.
@@ -54,6 +55,7 @@ type Metrics struct {
 	agentTokens, deliveryAttempts, deliveryFails metric.Int64Counter
 
 	replyLatency metric.Float64Histogram
+	givenUp      metric.Int64Counter
 
 	tokensIn, tokensOut metric.MeasurementOption
 }
@@ -80,6 +82,7 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 		agentTokens:      counter(MetricAgentTokens, "{token}", "Tokens the agents reported, by gen_ai.token.type."),
 		deliveryAttempts: counter(MetricDeliveryAttempts, "{attempt}", "Reply delivery attempts, per platform."),
 		deliveryFails:    counter(MetricDeliveryFailures, "{attempt}", "Reply delivery attempts that failed, per platform."),
+		givenUp:          counter(MetricDeliveryGivenUp, "{reply}", "Replies given up after their retry budget (attempts or age) ran out, per platform."),
 	}
 	h, err := m.Float64Histogram(MetricTurnDuration, metric.WithUnit("s"),
 		metric.WithDescription("Time from a turn's start to its commit, by status."),
@@ -200,5 +203,13 @@ func (m *Metrics) DeliveryAttempt(ctx context.Context, platform string, err erro
 func (m *Metrics) ReplyLatency(ctx context.Context, d time.Duration) {
 	if m != nil {
 		m.replyLatency.Record(ctx, d.Seconds())
+	}
+}
+
+// DeliveryGivenUp counts a reply to platform given up: its retry budget
+// ran out, or the platform refused it for good.
+func (m *Metrics) DeliveryGivenUp(ctx context.Context, platform string) {
+	if m != nil {
+		m.givenUp.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(AttrPlatform.String(platform))))
 	}
 }

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -107,11 +108,17 @@ func (l *lane) turnTraceParent() string {
 	return ""
 }
 
-// traceTurnEnd notes the turn_end status of the running turn.
+// traceTurnEnd notes the turn_end status of the running turn, and logs
+// the turn's end: one line per turn, with the turn's ids and trace id.
 func (l *lane) traceTurnEnd(status string) {
 	if tt := l.tt.Load(); tt != nil {
 		tt.status = status
 	}
+	attrs := []slog.Attr{slog.String("status", status)}
+	if !l.turnStarted.IsZero() {
+		attrs = append(attrs, slog.Duration("duration", time.Since(l.turnStarted)))
+	}
+	l.log.LogAttrs(context.Background(), slog.LevelDebug, "turn ended", attrs...)
 }
 
 // endTurnTrace ends the running turn's span: an error when the turn failed

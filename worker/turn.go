@@ -59,7 +59,6 @@ func (l *lane) turnEvent(typ string, t *session.TurnIntent, status string) {
 		l.w.cfg.Metrics.TurnStarted(context.Background())
 	} else {
 		l.w.cfg.Metrics.TurnEnded(context.Background(), status, l.turnStarted)
-		l.traceTurnEnd(status)
 	}
 	l.w.event("turn", l.lane, TurnEvent{Type: typ, Lane: l.lane, TurnID: t.ID, SessionID: t.SessionID,
 		Owner: l.w.owner, Epoch: l.lease.Epoch, FirstSeq: t.FirstSeq, LastSeq: t.LastSeq, Attempt: t.Attempt,
