@@ -156,7 +156,10 @@ func endSpan(span trace.Span, err error) {
 
 // SetMetrics records delivery attempts and failures on m (nil: none).
 // Call it before Start.
-func (d *Delivery) SetMetrics(m *telemetry.Metrics) { d.metrics = m }
+func (d *Delivery) SetMetrics(m *telemetry.Metrics) {
+	d.metrics = m
+	m.PlatformDelivery(d.platform)
+}
 
 // SetBackoff sets the delay before the first retry of a failed delivery
 // (default 100ms); it doubles per attempt up to 5s, or up to first itself

@@ -224,6 +224,7 @@ func NewPlatformDelivery(js jetstream.JetStream, res *broker.Resources, cfg Plat
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	log := cfg.Logger.With(slog.String("consumer", cfg.Names.DeliveryConsumer(string(cfg.Platform))))
+	cfg.Metrics.PlatformDelivery(string(cfg.Platform))
 	return &PlatformDelivery{
 		js: js, res: res, cfg: cfg, log: log,
 		dec:      &Delivery{names: cfg.Names, platform: string(cfg.Platform), log: log, tracer: telemetry.Tracer(cfg.TracerProvider)},

@@ -576,6 +576,7 @@ func (l *lane) renewLoop(done chan struct{}) {
 			continue
 		}
 		if errors.Is(err, kv.ErrLeaseLost) {
+			w.cfg.Metrics.LeaseLost(context.Background(), "taken")
 			l.log.Warn("lease lost")
 			l.lost.Store(true)
 			l.cancel(errLeaseLost)
@@ -586,6 +587,7 @@ func (l *lane) renewLoop(done chan struct{}) {
 		}
 		l.log.Warn("renew lease", "err", err)
 		if !l.alive() {
+			w.cfg.Metrics.LeaseLost(context.Background(), "expired")
 			l.lost.Store(true)
 			l.cancel(errLeaseLost)
 			return

@@ -776,6 +776,7 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 	l.turnEndEvent(intent, status, u)
 	if u != nil {
 		l.w.cfg.Metrics.AgentTokens(context.Background(), u.InputTokens, u.OutputTokens)
+		l.w.cfg.Metrics.AgentCost(context.Background(), u.EstimatedCostUSD)
 	}
 	if status == StatusInterrupted {
 		// Keep a burst of follow-ups together: the next turn starts only

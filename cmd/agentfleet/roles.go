@@ -266,10 +266,19 @@ func (rt *runtime) startWorkers(ctx context.Context, n int, id string, b agent.B
 		if err != nil {
 			return fmt.Errorf("worker %s: micro service: %w", wid, err)
 		}
+		unobserve, err := rt.instruments().ObserveWorker(wid, func() telemetry.WorkerGauges {
+			s := w.Status()
+			return telemetry.WorkerGauges{LanesOwned: s.LanesOwned, TurnsRunning: s.TurnsRunning, CacheSize: s.CacheSize, WatcherLeader: s.Watcher}
+		})
+		if err != nil {
+			_ = svc.Stop()
+			return fmt.Errorf("worker %s: gauges: %w", wid, err)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer svc.Stop() //nolint:errcheck
+			defer unobserve() //nolint:errcheck
+			defer svc.Stop()  //nolint:errcheck
 			if err := w.Run(ctx); err != nil {
 				errs <- fmt.Errorf("worker %s: %w", wid, err)
 			}
@@ -311,6 +320,10 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 	del.SetBackoff(rt.cfg.Delivery.Backoff.Duration())
 	del.SetMetrics(rt.instruments())
 	del.SetTracerProvider(rt.tracer())
+	// Backlog, ack pending and redeliveries of the fleet's consumers.
+	if _, err := rt.instruments().ObserveConsumers(telemetry.ConsumerStates(js, rt.names.InboxStream(), rt.names.OutboxStream())); err != nil {
+		return nil, err
+	}
 	if err := del.Start(ctx); err != nil {
 		return nil, err
 	}
