@@ -118,7 +118,6 @@ func NewDelivery(js jetstream.JetStream, res *broker.Resources, names broker.Nam
 		opTimeout:  deliveryOpTimeout,
 		lanes:      map[string]*laneQueue{},
 		sem:        make(chan struct{}, deliveryLanes),
-		tracer:     telemetry.Tracer(nil),
 	}
 }
 
@@ -130,9 +129,12 @@ func (d *Delivery) SetTracerProvider(tp trace.TracerProvider) { d.tracer = telem
 // child of the reply publish whose context the message's headers carry,
 // linked to it, with the JetStream delivery count.
 func (d *Delivery) traceDelivery(ctx context.Context, msg jetstream.Msg) (context.Context, func()) {
+	if d.tracer == nil {
+		return ctx, nop
+	}
 	sc := telemetry.SpanContextOf(msg.Headers())
 	if !sc.IsValid() {
-		return ctx, func() {}
+		return ctx, nop
 	}
 	var count uint64
 	if md, err := msg.Metadata(); err == nil {
@@ -145,8 +147,13 @@ func (d *Delivery) traceDelivery(ctx context.Context, msg jetstream.Msg) (contex
 	return ctx, func() { span.End() }
 }
 
-// endSpan ends span, recording err.
+func nop() {}
+
+// endSpan ends span (nil: none), recording err.
 func endSpan(span trace.Span, err error) {
+	if span == nil {
+		return
+	}
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
@@ -421,7 +428,10 @@ func (d *Delivery) handle(ctx context.Context, msg jetstream.Msg, keep func()) {
 func (d *Delivery) deliverRetrying(ctx context.Context, msg jetstream.Msg, seq uint64, lane string, item boxItem, keep func(), log *slog.Logger) bool {
 	backoff := d.backoffMin
 	for attempt := 1; ; attempt++ {
-		actx, span := d.tracer.Start(ctx, "mailbox put", trace.WithAttributes(attribute.Int("agentfleet.attempt", attempt)))
+		actx, span := ctx, trace.Span(nil)
+		if d.tracer != nil {
+			actx, span = d.tracer.Start(ctx, "mailbox put", trace.WithAttributes(attribute.Int("agentfleet.attempt", attempt)))
+		}
 		dup, boxSeq, err := d.deliver(actx, msg.Subject(), seq, lane, item)
 		endSpan(span, err)
 		d.metrics.DeliveryAttempt(ctx, d.platform, err)

@@ -306,6 +306,9 @@ func (s *Server) accept(r *http.Request, m *inboxMessage) (*acceptResponse, *api
 // poll loop); ctx only carries values and logging, never a cancellation of
 // a write that has started.
 func (s *Server) acceptCtx(rctx context.Context, m *inboxMessage) (resp *acceptResponse, e *apiError) {
+	if s.tracer == nil {
+		return s.accepted(rctx, m)
+	}
 	// The span of the publish: a child of the request's span (HTTP or
 	// webhook) or, for a poll loop, the trace's root. Its context travels
 	// in the inbox message's headers to the worker.
@@ -321,6 +324,11 @@ func (s *Server) acceptCtx(rctx context.Context, m *inboxMessage) (resp *acceptR
 		}
 		span.End()
 	}()
+	return s.accepted(rctx, m)
+}
+
+// accepted is acceptCtx without its span.
+func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptResponse, *apiError) {
 	key := m.inbound.SessionKey
 	pmid := m.inbound.PlatformMsgID
 	var corrupt bool
@@ -351,7 +359,7 @@ func (s *Server) acceptCtx(rctx context.Context, m *inboxMessage) (resp *acceptR
 	if err != nil {
 		return nil, unavailable("the message could not be stored; retry", fmt.Errorf("publish to %s: %w", m.subject, err))
 	}
-	resp = &acceptResponse{SessionKey: key, Seq: ack.Sequence, Duplicate: ack.Duplicate}
+	resp := &acceptResponse{SessionKey: key, Seq: ack.Sequence, Duplicate: ack.Duplicate}
 	if ack.Duplicate {
 		resp.SessionKey = s.keyAt(rctx, ack.Sequence, key)
 	}

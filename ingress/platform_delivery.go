@@ -410,9 +410,12 @@ func (d *PlatformDelivery) deliverReply(ctx context.Context, msg jetstream.Msg) 
 		}
 		attempts++
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.SendTimeout)
-		sctx, span := d.dec.tracer.Start(sctx, "platform send", trace.WithSpanKind(trace.SpanKindClient),
-			trace.WithAttributes(telemetry.AttrPlatform.String(string(d.cfg.Platform)), attribute.Int("agentfleet.chunk", i),
-				attribute.Int("agentfleet.attempt", attempts)))
+		var span trace.Span
+		if d.dec.tracer != nil {
+			sctx, span = d.dec.tracer.Start(sctx, "platform send", trace.WithSpanKind(trace.SpanKindClient),
+				trace.WithAttributes(telemetry.AttrPlatform.String(string(d.cfg.Platform)), attribute.Int("agentfleet.chunk", i),
+					attribute.Int("agentfleet.attempt", attempts)))
+		}
 		err := d.cfg.Sender.Send(sctx, target, text)
 		endSpan(span, err)
 		cancel()

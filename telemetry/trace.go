@@ -10,7 +10,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // The attribute keys of the fleet's spans.
@@ -116,16 +115,16 @@ func ParseTraceParent(s string) trace.SpanContext {
 	return trace.SpanContextFromContext(ctx)
 }
 
-// Tracer returns the fleet's tracer of tp; a no-op tracer when tp is nil,
-// so that tracing that is off costs a non-recording span.
+// Tracer returns the fleet's tracer of tp, nil when tp is nil: the
+// components skip every span (and the attributes, links and contexts
+// around it) when their tracer is nil, so tracing that is off costs a nil
+// check.
 func Tracer(tp trace.TracerProvider) trace.Tracer {
 	if tp == nil {
-		return noopTracer
+		return nil
 	}
 	return tp.Tracer(ScopeName)
 }
-
-var noopTracer = noop.NewTracerProvider().Tracer(ScopeName)
 
 // LinkTo returns the link to sc, nil when sc is invalid, for
 // trace.WithLinks.

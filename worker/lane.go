@@ -813,8 +813,11 @@ func (l *lane) appendTo(st *txState, e *transcript.Entry) error {
 // appendOwned appends as the owner: a conflict means another owner fenced
 // the transcript, so the lane is lost.
 func (l *lane) appendOwned(st *txState, e *transcript.Entry) error {
-	_, end := l.childSpan(context.Background(), "transcript append", attribute.String("agentfleet.entry.role", e.Role),
-		attribute.String("agentfleet.entry.kind", e.Kind))
+	end := nopEnd
+	if l.w.tracer != nil {
+		_, end = l.childSpan(context.Background(), "transcript append", attribute.String("agentfleet.entry.role", e.Role),
+			attribute.String("agentfleet.entry.kind", e.Kind))
+	}
 	err := l.appendTo(st, e)
 	end(err)
 	if errors.Is(err, transcript.ErrConflict) {

@@ -24,18 +24,22 @@ import (
 //     when it resumes one), whose traceparent the intent records;
 //   - "agent run", "transcript append" and "reply publish" under the turn;
 //     the reply carries the trace context on to the delivery.
-// With no TracerProvider these are non-recording spans of a no-op tracer.
+// With no TracerProvider (w.tracer nil) no span is made: a turn keeps
+// its acceptance time (the reply latency metric) and its log attributes.
 
 // turnTrace is the trace of the turn a lane runs.
 type turnTrace struct {
 	ctx      context.Context // holds the turn's span
-	span     trace.Span
-	accepted time.Time // the ingress's acceptance of the first message
-	status   string    // the turn_end status, "" until committed
+	span     trace.Span      // nil when tracing is off
+	accepted time.Time       // the ingress's acceptance of the first message
+	status   string          // the turn_end status, "" until committed
 }
 
 // traceDelivery records the span of one delivery of an inbox message.
 func (w *Worker) traceDelivery(msg jetstream.Msg, laneTok string) {
+	if w.tracer == nil {
+		return
+	}
 	h := msg.Headers()
 	sc := telemetry.SpanContextOf(h)
 	if !sc.IsValid() {
@@ -60,6 +64,17 @@ func (w *Worker) traceDelivery(msg jetstream.Msg, laneTok string) {
 func (l *lane) startTurnTrace(msgs []inboxMsg, prev string) bool {
 	if l.tt.Load() != nil {
 		return false
+	}
+	if l.w.tracer == nil {
+		tt := &turnTrace{}
+		for _, m := range msgs {
+			if !m.body.ReceivedAt.IsZero() {
+				tt.accepted = m.body.ReceivedAt
+				break
+			}
+		}
+		l.tt.Store(tt)
+		return true
 	}
 	parent := context.Background()
 	var links []trace.Link
@@ -89,7 +104,8 @@ func (l *lane) startTurnTrace(msgs []inboxMsg, prev string) bool {
 // traceIntent names the running turn's span and log lines after intent.
 func (l *lane) traceIntent(intent *session.TurnIntent, resumed bool) {
 	tt := l.tt.Load()
-	if tt == nil {
+	if tt == nil || tt.span == nil {
+		l.logScope.Set(telemetry.TurnAttrs(intent.SessionID, intent.ID, trace.SpanContext{})...)
 		return
 	}
 	sc := tt.span.SpanContext()
@@ -102,7 +118,7 @@ func (l *lane) traceIntent(intent *session.TurnIntent, resumed bool) {
 // turnTraceParent is the traceparent of the running turn's span, "" when
 // it is not traced.
 func (l *lane) turnTraceParent() string {
-	if tt := l.tt.Load(); tt != nil {
+	if tt := l.tt.Load(); tt != nil && tt.span != nil {
 		return telemetry.TraceParent(tt.span.SpanContext())
 	}
 	return ""
@@ -126,7 +142,7 @@ func (l *lane) traceTurnEnd(status string) {
 func (l *lane) endTurnTrace() {
 	tt := l.tt.Swap(nil)
 	l.logScope.Clear()
-	if tt == nil {
+	if tt == nil || tt.span == nil {
 		return
 	}
 	switch tt.status {
@@ -143,6 +159,9 @@ func (l *lane) endTurnTrace() {
 // when none), with ctx's cancellation: the context handed to the agent
 // carries it, so a backend's own spans nest under it. end records err.
 func (l *lane) childSpan(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, func(error)) {
+	if l.w.tracer == nil {
+		return ctx, nopEnd
+	}
 	parent := context.Background()
 	if tt := l.tt.Load(); tt != nil {
 		parent = tt.ctx
@@ -161,9 +180,12 @@ func (l *lane) childSpan(ctx context.Context, name string, attrs ...attribute.Ke
 // the reply's headers and, for a final reply, records the time from the
 // ingress's acceptance of the turn's first message.
 func (l *lane) traceReply(h nats.Header, replyID, kind string) func(error) {
-	ctx, end := l.childSpan(context.Background(), "reply publish", telemetry.AttrReplyID.String(replyID),
-		attribute.String("agentfleet.reply.kind", kind))
-	telemetry.Inject(ctx, h)
+	ctx, end := context.Background(), nopEnd
+	if l.w.tracer != nil {
+		ctx, end = l.childSpan(ctx, "reply publish", telemetry.AttrReplyID.String(replyID),
+			attribute.String("agentfleet.reply.kind", kind))
+		telemetry.Inject(ctx, h)
+	}
 	return func(err error) {
 		end(err)
 		if tt := l.tt.Load(); err == nil && tt != nil && kind == session.ReplyKindReply && !tt.accepted.IsZero() {
@@ -171,3 +193,5 @@ func (l *lane) traceReply(h nats.Header, replyID, kind string) func(error) {
 		}
 	}
 }
+
+func nopEnd(error) {}

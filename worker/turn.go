@@ -543,7 +543,10 @@ func (l *lane) runAgent(a agent.Agent, em *emitter, turn *agent.Turn) (*agent.Re
 			}
 			done <- o
 		}()
-		actx, end := l.childSpan(ctx, "agent run", telemetry.AttrTurnAttempt.Int(turn.Attempt))
+		actx, end := ctx, nopEnd
+		if w.tracer != nil {
+			actx, end = l.childSpan(ctx, "agent run", telemetry.AttrTurnAttempt.Int(turn.Attempt))
+		}
 		defer func() { end(o.err) }()
 		o.res, o.err = a.Run(actx, turn, em)
 	}()
