@@ -272,7 +272,7 @@ func TestMetricsOffByDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Metrics != nil || p.Handler() != nil || p.OTLP() != "" {
+	if p.Metrics != nil || p.Handler() != nil || p.OTLP() != "" || p.Tracer != nil || p.Traces() != "" {
 		t.Fatalf("provider with nothing configured: metrics %v, handler %v, otlp %q; want none", p.Metrics, p.Handler(), p.OTLP())
 	}
 	p.Metrics.TurnStarted(t.Context()) // a nil Metrics is a no-op
