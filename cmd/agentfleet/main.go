@@ -103,8 +103,12 @@ func newLogger(cfg config.Config, role string) *slog.Logger {
 	if cfg.Telemetry.LogFormat == "json" {
 		h = slog.NewJSONHandler(os.Stderr, opts)
 	}
-	// A line logged with a traced context carries its trace id.
-	return slog.New(telemetry.LogHandler(h)).With("role", role)
+	// A line logged with a traced context carries its trace id. The
+	// process's default logger is this one, so that a component left
+	// without a logger (and the standard log package) logs the same way.
+	log := slog.New(telemetry.LogHandler(h)).With("role", role)
+	slog.SetDefault(log)
+	return log
 }
 
 // signalContext is cancelled by the first SIGINT or SIGTERM; a second one
