@@ -174,7 +174,7 @@ func TestTraceFromRequestToDeliveredReply(t *testing.T) {
 	}
 
 	stopCut := startWorker("cut", 300*time.Millisecond)
-	body, _ := json.Marshal(map[string]string{"chat_id": "traced", "text": "hello\n!sleep 4s"})
+	body, _ := json.Marshal(map[string]string{"chat_id": "traced", "text": "hello\n!sleep 6s"})
 	resp, err := hs.Client().Post(hs.URL+"/v1/messages", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
