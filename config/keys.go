@@ -351,6 +351,9 @@ func buildKeys() []key {
 		field("http.max_readers_per_client",
 			"Most reply readers (long polls of /replies, /events streams) one client (its bearer token, else its IP address) may hold open at once; past it the server answers 429. At least 1.",
 			func(c *Config) *int { return &c.HTTP.MaxReadersPerClient }, minInt(1)),
+		field("http.public_url",
+			"URL at which agents reach this ingress (`https://fleet.example.com`): attachments of Telegram and Slack link to its media endpoint `/v1/media/<platform>/<file id>`, which fetches the file with the bot token so no token is written into messages or transcripts. Empty: `http://` + `http.addr` (a loopback host when the address names none), right for `agentfleet up`.",
+			func(c *Config) *string { return &c.HTTP.PublicURL }, checkHTTPURL),
 		field("delivery.backoff",
 			"Delay before the first retry of a failed reply delivery; it doubles per attempt up to 5s (or the backoff itself, if longer). Delivery retries until it succeeds: a reply is never dropped because its store was briefly unavailable. Positive.",
 			func(c *Config) *Duration { return &c.Delivery.Backoff }, minDuration(time.Millisecond)),
@@ -436,6 +439,7 @@ func storePlatform(c *Config, p session.Platform, pc PlatformConfig) {
 // platformKeys are the adapter settings of the chat platforms.
 func platformKeys() []key {
 	tg, sl := session.PlatformTelegram, session.PlatformSlack
+	wa, dc := session.PlatformWhatsApp, session.PlatformDiscord
 	return []key{
 		platformString(tg, "token", "",
 			"Telegram bot token from @BotFather. Setting it turns the Telegram adapter on (secret: redacted when printed).",
@@ -464,23 +468,59 @@ func platformKeys() []key {
 		platformString(sl, "api_base", DefaultSlackAPIBase,
 			"Base URL of the Slack Web API (tests point it at a local server).",
 			func(pc *PlatformConfig) *string { return &pc.APIBase }, checkHTTPURL),
-		{
-			path: "platforms.slack.require_mention", kind: kindBool, def: "true",
-			desc: "Channel messages (threads included) reach the agent only when they mention the app; DMs always do. false: every channel message the app receives.",
-			get: func(c *Config, _ []string) (any, bool) {
-				if m := c.Platforms[sl].RequireMention; m != nil {
-					return *m, true
-				}
-				return true, true
-			},
-			set: func(c *Config, _ []string, v any) {
-				pc := c.Platforms[sl]
-				pc.RequireMention = nil // true is the default
-				if b := v.(bool); !b {
-					pc.RequireMention = &b
-				}
-				storePlatform(c, sl, pc)
-			},
+		requireMentionKey(sl, "Channel messages (threads included) reach the agent only when they mention the app; DMs always do. false: every channel message the app receives."),
+		platformString(wa, "app_secret", "",
+			"Meta app secret: the key of the `X-Hub-Signature-256` HMAC on every WhatsApp webhook request. Setting it turns the WhatsApp adapter on (secret: redacted when printed).",
+			func(pc *PlatformConfig) *string { return &pc.AppSecret }, nil),
+		platformString(wa, "verify_token", "",
+			"Token Meta sends in `hub.verify_token` when verifying the webhook URL (you choose it in the app dashboard). Required with `app_secret` (secret: redacted when printed).",
+			func(pc *PlatformConfig) *string { return &pc.VerifyToken }, nil),
+		platformString(wa, "access_token", "",
+			"Graph API access token (a system user token) that sends replies. Required with `app_secret` (secret: redacted when printed).",
+			func(pc *PlatformConfig) *string { return &pc.AccessToken }, nil),
+		platformString(wa, "phone_number_id", "",
+			"Id of the WhatsApp business phone number replies are sent from (`POST /{phone_number_id}/messages`). Required with `app_secret`.",
+			func(pc *PlatformConfig) *string { return &pc.PhoneNumberID }, nil),
+		platformString(wa, "api_base", DefaultWhatsAppAPIBase,
+			"Base URL of the Graph API, with its version (tests point it at a local server).",
+			func(pc *PlatformConfig) *string { return &pc.APIBase }, checkHTTPURL),
+		platformString(dc, "token", "",
+			"Discord bot token. Setting it turns the Discord adapter on: the Gateway connection (one per bot across the fleet) and replies (secret: redacted when printed).",
+			func(pc *PlatformConfig) *string { return &pc.Token }, nil),
+		platformString(dc, "public_key", "",
+			"Discord application public key (64 hex digits), to verify the Ed25519 signature of interactions at POST /webhooks/discord. Empty: no interactions endpoint.",
+			func(pc *PlatformConfig) *string { return &pc.PublicKey }, nil),
+		platformString(dc, "application_id", "",
+			"Discord application id; when set, interactions of another application are refused.",
+			func(pc *PlatformConfig) *string { return &pc.ApplicationID }, nil),
+		platformString(dc, "api_base", DefaultDiscordAPIBase,
+			"Base URL of the Discord REST API, with its version (tests point it at a local server).",
+			func(pc *PlatformConfig) *string { return &pc.APIBase }, checkHTTPURL),
+		platformString(dc, "gateway_url", DefaultDiscordGateway,
+			"URL of the Discord Gateway websocket (tests point it at a local server).",
+			func(pc *PlatformConfig) *string { return &pc.GatewayURL }, checkWSURL),
+		requireMentionKey(dc, "Guild messages (threads included) reach the agent only when they mention the bot; DMs always do. false: every guild message the bot can read."),
+	}
+}
+
+// requireMentionKey is the require_mention switch of platform p.
+func requireMentionKey(p session.Platform, desc string) key {
+	return key{
+		path: "platforms." + string(p) + ".require_mention", kind: kindBool, def: "true",
+		desc: desc,
+		get: func(c *Config, _ []string) (any, bool) {
+			if m := c.Platforms[p].RequireMention; m != nil {
+				return *m, true
+			}
+			return true, true
+		},
+		set: func(c *Config, _ []string, v any) {
+			pc := c.Platforms[p]
+			pc.RequireMention = nil // true is the default
+			if b := v.(bool); !b {
+				pc.RequireMention = &b
+			}
+			storePlatform(c, p, pc)
 		},
 	}
 }

@@ -41,6 +41,10 @@ type messageRequest struct {
 	ChatName  string `json:"chat_name"`
 	MessageID string `json:"message_id"`
 	Text      string `json:"text"`
+	// Attachments are files by reference (an http or https URL the agent
+	// fetches); ReplyTo is the message this one replies to.
+	Attachments []session.Attachment `json:"attachments"`
+	ReplyTo     *session.Quote       `json:"reply_to"`
 }
 
 // acceptResponse is the 202 answer of POST /v1/messages.
@@ -134,7 +138,10 @@ func decodeMessageBody(body []byte) (*messageRequest, *apiError) {
 		}
 		return nil, badRequest("request body is not valid UTF-8 (at byte %d)", at)
 	}
-	if e := checkObjectFields(body, messageFields); e != nil {
+	if e := checkObjectFields(body, messageFields, ""); e != nil {
+		return nil, e
+	}
+	if e := checkMediaFields(body); e != nil {
 		return nil, e
 	}
 	var req messageRequest
@@ -146,17 +153,66 @@ func decodeMessageBody(body []byte) (*messageRequest, *apiError) {
 	return &req, nil
 }
 
+// Field names of the objects nested in a POST /v1/messages body.
+var (
+	attachmentFields = jsonFieldNames(reflect.TypeFor[session.Attachment]())
+	quoteFields      = jsonFieldNames(reflect.TypeFor[session.Quote]())
+)
+
+// checkMediaFields applies checkObjectFields to the objects nested in a
+// body that checkObjectFields accepted: each element of "attachments" and
+// the "reply_to" object (null stands for none).
+func checkMediaFields(body []byte) *apiError {
+	var raw struct {
+		Attachments json.RawMessage `json:"attachments"`
+		ReplyTo     json.RawMessage `json:"reply_to"`
+	}
+	if err := json.Unmarshal(body, &raw); err != nil {
+		return decodeError(err, nil)
+	}
+	if len(raw.Attachments) > 0 && string(raw.Attachments) != "null" {
+		var items []json.RawMessage
+		if err := json.Unmarshal(raw.Attachments, &items); err != nil {
+			return badRequest("attachments must be an array of objects")
+		}
+		if len(items) > session.MaxAttachments {
+			return badRequest("attachments: %d items, at most %d per message", len(items), session.MaxAttachments)
+		}
+		for i, item := range items {
+			if e := checkObjectFields(item, attachmentFields, fmt.Sprintf("attachments[%d]", i)); e != nil {
+				return e
+			}
+		}
+	}
+	if len(raw.ReplyTo) > 0 && string(raw.ReplyTo) != "null" {
+		if e := checkObjectFields(raw.ReplyTo, quoteFields, "reply_to"); e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
 // checkObjectFields makes sure body is one JSON object whose member names
 // are all in known, spelled exactly so (letter case included), each at most
-// once, followed by nothing but white space.
-func checkObjectFields(body []byte, known map[string]bool) *apiError {
+// once, followed by nothing but white space. where names a nested object
+// in the errors ("" for the request body).
+func checkObjectFields(body []byte, known map[string]bool, where string) *apiError {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	tok, err := dec.Token()
 	if err != nil {
 		return decodeError(err, nil)
 	}
+	badRequest := badRequest
+	if where != "" {
+		badRequest = func(format string, args ...any) *apiError {
+			return errorf(http.StatusBadRequest, "%s: %s", where, fmt.Sprintf(format, args...))
+		}
+	}
 	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		if where != "" {
+			return badRequest("must be a JSON object, not %s", jsonKind(tok))
+		}
 		return badRequest("request body must be a JSON object, not %s", jsonKind(tok))
 	}
 	// Past the opening brace, the end of the body is a truncated object.
@@ -253,8 +309,17 @@ func decodeError(err error, tooLarge func() *apiError) *apiError {
 
 // buildInbound validates req and derives everything the inbox message needs.
 func (s *Server) buildInbound(req *messageRequest, now time.Time) (*inboxMessage, *apiError) {
-	if strings.TrimSpace(req.Text) == "" {
-		return nil, badRequest("text is required and must not be blank")
+	if strings.TrimSpace(req.Text) == "" && len(req.Attachments) == 0 {
+		return nil, badRequest("text is required and must not be blank (unless the message has attachments)")
+	}
+	if err := session.ValidateMedia(req.Attachments, req.ReplyTo); err != nil {
+		return nil, badRequest("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	for i, a := range req.Attachments {
+		if a.URL == "" {
+			// Nothing else could resolve an HTTP client's file.
+			return nil, badRequest("attachments[%d]: url is required: the agent fetches the file from it", i)
+		}
 	}
 	if strings.TrimSpace(req.ChatID) == "" {
 		return nil, badRequest("chat_id is required")
@@ -293,7 +358,12 @@ func (s *Server) buildInbound(req *messageRequest, now time.Time) (*inboxMessage
 	if req.MessageID != "" {
 		pmid = platformMsgID(platform, req.ChatID, req.MessageID)
 	}
-	return s.newInbound(src, req.Text, pmid, now)
+	m, e := s.newInbound(src, req.Text, pmid, now, req.Attachments)
+	if e != nil {
+		return nil, e
+	}
+	m.setMedia(req.ReplyTo, req.Attachments, "")
+	return m, nil
 }
 
 // accept publishes m unless it is a known duplicate, and answers only once

@@ -296,6 +296,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /v1/sessions/{session_key}", s.authed(s.handleGetSession))
 	mux.Handle("GET /v1/sessions/{session_key}/replies", s.authed(s.handleReplies))
 	mux.Handle("GET /v1/sessions/{session_key}/events", s.authed(s.handleEvents))
+	s.mountConsole(mux) // the operations console, /console (checks its admin token itself)
 
 	// The same paths with any other method: 405 with a JSON body (the mux's
 	// own 405 is plain text).

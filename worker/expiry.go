@@ -118,7 +118,7 @@ func (w *Worker) wakeStranded(ctx context.Context, lane string, e *session.Sessi
 	if !stranded {
 		return false, nil
 	}
-	if err := w.publishInternal(ctx, lane, e.SessionKey, internalWake, "", WakeMsgID(lane, e.CommittedSeq, e.LeaseEpoch)); err != nil {
+	if err := w.publishInternal(ctx, lane, e.SessionKey, session.CmdWake, "", WakeMsgID(lane, e.CommittedSeq, e.LeaseEpoch)); err != nil {
 		return false, err
 	}
 	return true, nil

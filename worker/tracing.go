@@ -158,15 +158,15 @@ func (l *lane) endTurnTrace() {
 // childSpan starts a span under the running turn's span (or a root one
 // when none), with ctx's cancellation: the context handed to the agent
 // carries it, so a backend's own spans nest under it. end records err.
-func (l *lane) childSpan(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, func(error)) {
-	if l.w.tracer == nil {
+func (o *owner) childSpan(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, func(error)) {
+	if o.w.tracer == nil {
 		return ctx, nopEnd
 	}
 	parent := context.Background()
-	if tt := l.tt.Load(); tt != nil {
+	if tt := o.tt.Load(); tt != nil && tt.ctx != nil {
 		parent = tt.ctx
 	}
-	_, span := l.w.tracer.Start(parent, name, trace.WithAttributes(attrs...))
+	_, span := o.w.tracer.Start(parent, name, trace.WithAttributes(attrs...))
 	return trace.ContextWithSpan(ctx, span), func(err error) {
 		if err != nil {
 			span.RecordError(err)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agentfleet/agentfleet/session"
 	"log/slog"
 	"strings"
 	"sync"
@@ -343,4 +344,17 @@ func newID() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+func (w *Worker) publishInternal(ctx context.Context, lane, key, cmd, args, msgID string) error {
+	body, err := json.Marshal(session.Inbound{SessionKey: key, Kind: session.KindInternal, Command: cmd, Args: args, ReceivedAt: time.Now()})
+	if err != nil {
+		return err
+	}
+	msg := nats.NewMsg(w.names.InboxSubject(session.Partition(w.names.Prefix(), lane), lane))
+	msg.Data = body
+	msg.Header.Set(broker.HdrSessionKey, key)
+	msg.Header.Set(broker.HdrKind, session.KindInternal)
+	_, err = w.js.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID))
+	return err
 }

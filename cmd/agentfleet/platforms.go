@@ -11,8 +11,10 @@ import (
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/config"
 	"github.com/agentfleet/agentfleet/ingress"
+	"github.com/agentfleet/agentfleet/ingress/discord"
 	"github.com/agentfleet/agentfleet/ingress/slack"
 	"github.com/agentfleet/agentfleet/ingress/telegram"
+	"github.com/agentfleet/agentfleet/ingress/whatsapp"
 )
 
 // platforms are the chat-platform adapters a process runs.
@@ -45,17 +47,24 @@ func (p *platforms) handler(next http.Handler) http.Handler {
 // startPlatforms starts what the configuration turns on: for Telegram the
 // webhook route or the poll loop (one per bot across the fleet, under a
 // singleton lease), for Slack the Events API route and/or the Socket Mode
-// connection (one per app, under a singleton lease), and each platform's
+// connection (one per app, under a singleton lease), for WhatsApp the
+// webhook route, for Discord the Gateway connection (one per bot, under a
+// singleton lease) and the interactions route, and each platform's
 // delivery consumer.
 func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, res *broker.Resources, pub *ingress.Publisher, wg *sync.WaitGroup) (*platforms, error) {
 	p := &platforms{routes: map[string]http.Handler{}}
 	tg := rt.cfg.Telegram()
 	if tg.Token != "" {
 		a, err := telegram.New(pub, telegram.Config{Token: tg.Token, WebhookSecret: tg.WebhookSecret, APIBase: tg.APIBase,
-			MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), Logger: rt.log})
+			MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), MediaBaseURL: rt.cfg.HTTP.PublicBaseURL(), Logger: rt.log})
 		if err != nil {
 			return nil, err
 		}
+		mh, err := a.MediaHandler(0)
+		if err != nil {
+			return nil, err
+		}
+		p.routes[ingress.MediaPathPrefix+"telegram/"] = mh
 		switch tg.Mode {
 		case config.TelegramModePoll:
 			s, err := ingress.NewSingleton(js, res, ingress.SingletonConfig{Names: rt.names, Kind: "telegram_poll",
@@ -85,11 +94,24 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 	}
 	sl := rt.cfg.Slack()
 	if sl.Enabled() {
+		media := ""
+		if sl.BotToken != "" {
+			media = rt.cfg.HTTP.PublicBaseURL()
+		}
 		a, err := slack.New(pub, slack.Config{SigningSecret: sl.SigningSecret, BotToken: sl.BotToken, APIBase: sl.APIBase,
-			RequireMention: sl.RequireMention, MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), Logger: rt.log})
+			RequireMention: sl.RequireMention, MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), MediaBaseURL: media,
+			Logger: rt.log})
 		if err != nil {
 			p.stop()
 			return nil, fmt.Errorf("platforms.slack: %w", err)
+		}
+		if media != "" {
+			mh, err := a.MediaHandler(0)
+			if err != nil {
+				p.stop()
+				return nil, fmt.Errorf("platforms.slack: %w", err)
+			}
+			p.routes[ingress.MediaPathPrefix+"slack/"] = mh
 		}
 		if sl.SigningSecret != "" {
 			h, err := a.Handler()
@@ -115,6 +137,68 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 			rt.log.Info("slack socket mode enabled", "lease", s.Key())
 		}
 		if err := p.startDelivery(ctx, rt, js, res, slack.DeliveryConfig(a.Sender())); err != nil {
+			p.stop()
+			return nil, err
+		}
+	}
+	if wa := rt.cfg.WhatsAppCloud(); wa.Enabled() {
+		a, err := whatsapp.New(pub, js, res, whatsapp.Config{AppSecret: wa.AppSecret, VerifyToken: wa.VerifyToken,
+			AccessToken: wa.AccessToken, PhoneNumberID: wa.PhoneNumberID, APIBase: wa.APIBase,
+			MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), MediaBaseURL: rt.cfg.HTTP.PublicBaseURL(), Logger: rt.log})
+		if err != nil {
+			p.stop()
+			return nil, fmt.Errorf("platforms.whatsapp: %w", err)
+		}
+		if wa.AccessToken != "" {
+			mh, err := a.MediaHandler(0)
+			if err != nil {
+				p.stop()
+				return nil, fmt.Errorf("platforms.whatsapp: %w", err)
+			}
+			p.routes[ingress.MediaPathPrefix+"whatsapp/"] = mh
+		}
+		h, err := a.Handler()
+		if err != nil {
+			p.stop()
+			return nil, fmt.Errorf("platforms.whatsapp: %w", err)
+		}
+		p.routes["/webhooks/whatsapp"] = h
+		rt.log.Info("whatsapp webhook enabled", "path", "/webhooks/whatsapp")
+		if err := p.startDelivery(ctx, rt, js, res, whatsapp.DeliveryConfig(a.Sender())); err != nil {
+			p.stop()
+			return nil, err
+		}
+	}
+	if dc := rt.cfg.Discord(); dc.Token != "" {
+		a, err := discord.New(pub, res, discord.Config{Token: dc.Token, PublicKey: dc.PublicKey, ApplicationID: dc.ApplicationID,
+			APIBase: dc.APIBase, GatewayURL: dc.GatewayURL, RequireMention: dc.RequireMention,
+			MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), Logger: rt.log})
+		if err != nil {
+			p.stop()
+			return nil, fmt.Errorf("platforms.discord: %w", err)
+		}
+		if dc.PublicKey != "" {
+			h, err := a.InteractionsHandler()
+			if err != nil {
+				p.stop()
+				return nil, fmt.Errorf("platforms.discord: %w", err)
+			}
+			p.routes["/webhooks/discord"] = h
+			rt.log.Info("discord interactions endpoint enabled", "path", "/webhooks/discord")
+		}
+		s, err := ingress.NewSingleton(js, res, ingress.SingletonConfig{Names: rt.names, Kind: "discord_gateway",
+			ID: ingress.TokenID(dc.Token), Logger: rt.log})
+		if err != nil {
+			p.stop()
+			return nil, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = s.Run(ctx, a.Gateway)
+		}()
+		rt.log.Info("discord gateway enabled", "lease", s.Key())
+		if err := p.startDelivery(ctx, rt, js, res, discord.DeliveryConfig(a.Sender())); err != nil {
 			p.stop()
 			return nil, err
 		}

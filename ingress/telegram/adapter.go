@@ -59,6 +59,12 @@ type Config struct {
 	PollTimeout time.Duration
 	// MaxBodyBytes caps a webhook body. Defaults to 1 MiB.
 	MaxBodyBytes int64
+	// MediaBaseURL is the URL at which agents reach this ingress (its
+	// http.public_url): attachments get links to its media endpoint,
+	// GET /v1/media/telegram/<file id>, which downloads the file with the
+	// bot token on the agent's behalf. Empty: attachments carry the file id
+	// only.
+	MediaBaseURL string
 	// HTTPClient makes the API calls. Defaults to a client without an
 	// overall timeout (each call has its own).
 	HTTPClient *http.Client
@@ -73,6 +79,9 @@ type Adapter struct {
 	client    *Client
 	log       *slog.Logger
 	secretSum [sha256.Size]byte
+
+	// linker makes the media links (nil without Config.MediaBaseURL).
+	linker *ingress.MediaLinker
 
 	mu       sync.Mutex
 	bot      Bot
@@ -104,6 +113,13 @@ func New(pub *ingress.Publisher, cfg Config) (*Adapter, error) {
 		bot:    Bot{ID: BotIDFromToken(cfg.Token)},
 	}
 	a.secretSum = sha256.Sum256([]byte(cfg.WebhookSecret))
+	if cfg.MediaBaseURL != "" {
+		l, err := ingress.NewMediaLinker(cfg.MediaBaseURL, session.PlatformTelegram, ingress.MediaKey(cfg.Token))
+		if err != nil {
+			return nil, fmt.Errorf("telegram: %w", err)
+		}
+		a.linker = l
+	}
 	return a, nil
 }
 
@@ -230,6 +246,7 @@ func (a *Adapter) Handle(ctx context.Context, body []byte) (ingress.Accepted, er
 	if err != nil {
 		return ingress.Accepted{}, err
 	}
+	a.linkMedia(&m)
 	res, err := a.pub.Publish(ctx, m)
 	if err != nil {
 		return ingress.Accepted{}, err

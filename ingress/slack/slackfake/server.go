@@ -3,8 +3,9 @@
 // failures as Slack does: 429 with Retry-After, 5xx, {"ok": false, "error"}),
 // auth.test, and Socket Mode (apps.connections.open and the WebSocket, with
 // hello, events_api envelopes, acknowledgements and redelivery of what a
-// closed connection left unacknowledged). It also signs Events API requests
-// the way Slack does.
+// closed connection left unacknowledged), files.info and the download of
+// url_private_download (bearer token required) for the files given to
+// AddFile. It also signs Events API requests the way Slack does.
 package slackfake
 
 import (
@@ -53,6 +54,10 @@ type Server struct {
 	failures []Failure
 	ts       int
 
+	// Files by id, and the files.info calls answered.
+	files     map[string]fakeFile
+	fileInfos int
+
 	// Socket Mode.
 	envelopes []*envelope
 	sockets   []*socketConn
@@ -66,6 +71,28 @@ func New(t interface{ Cleanup(func()) }) *Server {
 	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(s.Close)
 	return s
+}
+
+type fakeFile struct {
+	name, mimetype string
+	data           []byte
+}
+
+// AddFile makes a file known to files.info and downloadable.
+func (s *Server) AddFile(id, name, mimetype string, data []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.files == nil {
+		s.files = map[string]fakeFile{}
+	}
+	s.files[id] = fakeFile{name: name, mimetype: mimetype, data: data}
+}
+
+// FileInfos returns how many files.info calls were answered.
+func (s *Server) FileInfos() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fileInfos
 }
 
 // APIBase is the URL to configure as platforms.slack.api_base.
@@ -113,7 +140,13 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusOK, map[string]any{"ok": false, "error": "invalid_auth"})
 		return
 	}
+	if id, ok := strings.CutPrefix(r.URL.Path, "/files-pri/T061EG9R6-"); ok {
+		s.download(w, strings.SplitN(id, "/", 2)[0])
+		return
+	}
 	switch strings.TrimPrefix(r.URL.Path, "/api/") {
+	case "files.info":
+		s.fileInfo(w, r.Form.Get("file"))
 	case "auth.test":
 		reply(w, http.StatusOK, map[string]any{"ok": true, "url": "https://fleet.slack.com/", "team": "Fleet", "user": "fleet",
 			"team_id": "T061EG9R6", "user_id": BotUserID, "bot_id": "B0BOT00001"})
@@ -167,6 +200,33 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	reply(w, http.StatusOK, map[string]any{"ok": true, "channel": p.Channel, "ts": ts,
 		"message": map[string]any{"type": "message", "text": p.Text, "user": BotUserID, "bot_id": "B0BOT00001", "ts": ts}})
+}
+
+func (s *Server) fileInfo(w http.ResponseWriter, id string) {
+	s.mu.Lock()
+	f, ok := s.files[id]
+	s.fileInfos++
+	s.mu.Unlock()
+	if !ok {
+		reply(w, http.StatusOK, map[string]any{"ok": false, "error": "file_not_found"})
+		return
+	}
+	dl := fmt.Sprintf("%s/files-pri/T061EG9R6-%s/download/%s", s.URL, id, f.name)
+	reply(w, http.StatusOK, map[string]any{"ok": true, "file": map[string]any{"id": id, "name": f.name, "title": f.name,
+		"mimetype": f.mimetype, "size": len(f.data), "mode": "hosted",
+		"url_private": fmt.Sprintf("%s/files-pri/T061EG9R6-%s/%s", s.URL, id, f.name), "url_private_download": dl}})
+}
+
+func (s *Server) download(w http.ResponseWriter, id string) {
+	s.mu.Lock()
+	f, ok := s.files[id]
+	s.mu.Unlock()
+	if !ok {
+		http.Error(w, "not found", http.StatusNotFound)
+		return
+	}
+	w.Header().Set("Content-Type", f.mimetype)
+	_, _ = w.Write(f.data)
 }
 
 // Sign returns the headers Slack sends with body at time at, signed with

@@ -3,7 +3,8 @@
 // offset, long polling and 409 Conflict for a second concurrent poller),
 // deleteWebhook and sendMessage (recording what was sent, and answering
 // with scripted failures: 429 with retry_after, 5xx, 400), in the Bot API's
-// JSON envelope.
+// JSON envelope; and getFile with the file download at
+// /file/bot<token>/<file_path> for the files given to AddFile.
 package telegramtest
 
 import (
@@ -60,6 +61,30 @@ type Server struct {
 	failures []Failure
 	changed  chan struct{}
 	webhook  bool
+	files    map[string]file // by file id
+	getFiles int
+}
+
+type file struct {
+	path, contentType string
+	data              []byte
+}
+
+// AddFile makes a file downloadable by its file id.
+func (s *Server) AddFile(fileID, contentType string, data []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.files == nil {
+		s.files = map[string]file{}
+	}
+	s.files[fileID] = file{path: fmt.Sprintf("photos/file_%d.bin", len(s.files)), contentType: contentType, data: data}
+}
+
+// GetFiles returns how many getFile calls were answered.
+func (s *Server) GetFiles() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.getFiles
 }
 
 // New starts a server; it is closed when the test ends.
@@ -138,6 +163,10 @@ func (s *Server) notify() {
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	if path, ok := strings.CutPrefix(r.URL.Path, "/file/bot"+Token+"/"); ok {
+		s.download(w, path)
+		return
+	}
 	rest, ok := strings.CutPrefix(r.URL.Path, "/bot"+Token+"/")
 	if !ok {
 		reply(w, http.StatusUnauthorized, map[string]any{"ok": false, "error_code": 401, "description": "Unauthorized"})
@@ -163,6 +192,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		s.getUpdates(w, r, params)
 	case "sendMessage":
 		s.sendMessage(w, r, params)
+	case "getFile":
+		s.getFile(w, params)
 	default:
 		reply(w, http.StatusNotFound, map[string]any{"ok": false, "error_code": 404, "description": "Not Found: method not found"})
 	}
@@ -265,6 +296,39 @@ func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request, params map[
 	}
 	reply(w, http.StatusOK, map[string]any{"ok": true, "result": map[string]any{"message_id": id, "date": time.Now().Unix(),
 		"chat": map[string]any{"id": params["chat_id"], "type": "private"}, "text": msg.Text}})
+}
+
+func (s *Server) getFile(w http.ResponseWriter, params map[string]any) {
+	id, _ := params["file_id"].(string)
+	s.mu.Lock()
+	f, ok := s.files[id]
+	s.getFiles++
+	s.mu.Unlock()
+	if !ok {
+		reply(w, http.StatusBadRequest, map[string]any{"ok": false, "error_code": 400, "description": "Bad Request: invalid file_id"})
+		return
+	}
+	reply(w, http.StatusOK, map[string]any{"ok": true, "result": map[string]any{"file_id": id, "file_unique_id": "u" + id,
+		"file_size": len(f.data), "file_path": f.path}})
+}
+
+func (s *Server) download(w http.ResponseWriter, path string) {
+	s.mu.Lock()
+	var found *file
+	for _, f := range s.files {
+		if f.path == path {
+			found = &f
+			break
+		}
+	}
+	s.mu.Unlock()
+	if found == nil {
+		http.NotFound(w, nil)
+		return
+	}
+	w.Header().Set("Content-Type", found.contentType)
+	w.Header().Set("Content-Length", fmt.Sprint(len(found.data)))
+	_, _ = w.Write(found.data)
 }
 
 func num(v any) float64 {

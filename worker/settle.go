@@ -2,8 +2,8 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -37,53 +37,118 @@ func stepRetryDelay(n int) time.Duration {
 // could store what its turn needs.
 const noticeUnrecordable = "⚠️ Sorry, I could not process that message: it is too large to be stored. Please send a shorter one."
 
-// retryInPlace is what the owner does after a step or a recovery failed
-// while it still holds the lease: unless a drain or a lost lease ends the
-// ownership (then it returns false, having released or given up), it waits
-// out a growing delay, still renewing, and reports true so the caller runs
-// the lane again from its entry. A step whose writes are refused for good
-// (too large for the store) is dead-lettered with a notice instead of being
-// retried for ever.
-func (l *lane) retryInPlace(st *step) bool {
-	w := l.w
-	if !l.alive() || l.ctx.Err() != nil {
-		l.giveUp()
-		return false
+// outcome is what the owner does after a step: keep owning the lane, or
+// end the ownership by giving it up (nothing written: the lease was lost or
+// the worker stops hard) or by releasing it (a drain).
+type outcome int
+
+const (
+	keepOwning outcome = iota
+	gaveUp
+	released
+)
+
+func (o outcome) String() string {
+	switch o {
+	case keepOwning:
+		return "keep"
+	case gaveUp:
+		return "give up"
+	case released:
+		return "release"
 	}
-	if w.draining() {
+	return "outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// failed is the error of a step that did not complete: err when the
+// failure had one, else the cause that ended the ownership, else the last
+// failed durable write.
+func (l *lane) failed(err error) error {
+	if err == nil {
+		err = context.Cause(l.ctx)
+	}
+	if err == nil {
+		err = l.lastWriteErr
+	}
+	if err == nil {
+		return errStepFailed
+	}
+	return fmt.Errorf("%w: %w", errStepFailed, err)
+}
+
+// ended ends the ownership when it is over whatever the last step did: a
+// cancelled ownership (a lost lease, a hard stop) is given up, a drain
+// releases the lane. It reports keepOwning when neither happened.
+func (l *lane) ended() outcome {
+	if l.ctx.Err() != nil {
+		l.giveUp()
+		return gaveUp
+	}
+	if l.w.draining() {
 		// A drain cut it: the turn record (if any) stays; hand the lane
 		// over at once.
 		l.release()
-		return false
+		return released
+	}
+	return keepOwning
+}
+
+// settle is the one place where the outcome of a step (st) or of a
+// recovery (st nil) is decided and carried out, from the error its handler
+// returned:
+//   - nil: keep owning (the failures in a row start again), unless the
+//     ownership is over anyway (see ended);
+//   - the lease could have expired or the ownership was cancelled: give up;
+//   - a drain: release;
+//   - otherwise (a failed write while the lease is good) keep the lane and
+//     retry in place after a growing delay, still renewing, rather than
+//     hand it to another worker at once (which made a write that keeps
+//     failing cycle the lease, and its epoch, dozens of times a second).
+//     A step whose writes are refused for good (too large for the store) is
+//     dead-lettered with a notice instead of being retried for ever.
+//
+// After keepOwning the caller runs the lane again from its entry.
+func (l *lane) settle(st *step, err error) outcome {
+	if err == nil {
+		if o := l.ended(); o != keepOwning {
+			return o
+		}
+		l.failures = 0
+		return keepOwning
+	}
+	if !l.alive() {
+		l.giveUp()
+		return gaveUp
+	}
+	if o := l.ended(); o != keepOwning {
+		return o
 	}
 	cause := l.lastWriteErr
 	l.lastWriteErr = nil
 	if st != nil && tooLarge(cause) && (l.entry == nil || l.entry.Turn == nil) {
 		// Nothing of the step is recorded and no retry can record it.
-		if l.dropUnrecordable(st, cause) {
+		if derr := l.dropUnrecordable(st, cause); derr == nil {
 			l.failures = 0
-			return true
+			return keepOwning
+		} else {
+			l.log.Warn("dead-letter an unrecordable step", "err", derr)
 		}
 	}
 	l.failures++
 	d := stepRetryDelay(l.failures)
-	l.log.Warn("lane step failed; retrying in place", "failures", l.failures, "retry_in", d, "err", cause)
+	l.log.Warn("lane step failed; retrying in place", "failures", l.failures, "retry_in", d, "err", err)
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-	case <-w.drainCh:
+	case <-l.w.drainCh:
 	case <-l.ctx.Done():
 	}
-	if !l.alive() || l.ctx.Err() != nil {
+	if !l.alive() {
 		l.giveUp()
-		return false
+		return gaveUp
 	}
-	if w.draining() {
-		l.release()
-		return false
-	}
-	return true
+	return l.ended()
 }
 
 // dropUnrecordable dead-letters the first message of a step that cannot be
@@ -91,7 +156,7 @@ func (l *lane) retryInPlace(st *step) bool {
 // source of its first message), tells the user when the lane has a session
 // to tell it in, and commits past it. The step's other messages make the
 // next turn.
-func (l *lane) dropUnrecordable(st *step, cause error) bool {
+func (l *lane) dropUnrecordable(st *step, cause error) error {
 	w := l.w
 	reason := fmt.Sprintf("cannot be recorded: %v", cause)
 	last := st.msgs[0].seq
@@ -99,7 +164,7 @@ func (l *lane) dropUnrecordable(st *step, cause error) bool {
 		raw, err := w.res.Inbox.GetMsg(context.WithoutCancel(l.ctx), m.seq)
 		if err != nil {
 			l.log.Warn("read message to dead-letter", "seq", m.seq, "err", err)
-			return false
+			return l.failed(err)
 		}
 		dl := nats.NewMsg(w.names.DeadLetterSubject(l.lane))
 		dl.Data = raw.Data
@@ -115,31 +180,23 @@ func (l *lane) dropUnrecordable(st *step, cause error) bool {
 		cancel()
 		if err != nil {
 			l.log.Warn("dead-letter publish", "seq", m.seq, "err", err)
-			return false
+			return l.failed(err)
 		}
 	}
 	if sid := l.entry.SessionID; sid != "" {
 		tx, err := l.txFor(sid)
 		if err != nil {
-			return false
+			return l.failed(err)
 		}
 		intent := &session.TurnIntent{ID: fmt.Sprintf("drop:%s:%d", w.res.InboxID, st.msgs[0].seq), SessionID: sid,
 			FirstSeq: st.msgs[0].seq, LastSeq: last}
 		src := sourceOf(l.entry, nil)
 		if err := l.emitNotice(tx, intent, intent.ID+":notice", noticeUnrecordable, src); err != nil {
-			return false
+			return l.failed(err)
 		}
 	}
 	w.stats.DeadLetters.Add(1)
 	l.log.Warn("step dead-lettered: it cannot be recorded", "first_seq", st.msgs[0].seq, "last_seq", last, "err", cause)
 	w.event("deadletter", l.lane, map[string]any{"first_seq": st.msgs[0].seq, "last_seq": last, "reason": reason})
-	return l.commitSimple(last)
-}
-
-// noteWriteErr remembers the last failed durable write of the lane, for
-// retryInPlace.
-func (l *lane) noteWriteErr(err error) {
-	if err != nil && !errors.Is(err, errNoChange) {
-		l.lastWriteErr = err
-	}
+	return l.commit(last)
 }
