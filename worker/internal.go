@@ -53,7 +53,7 @@ func (l *lane) runAutoResume(m inboxMsg) error {
 	}
 	intent, err := l.recordIntent(st)
 	if err != nil {
-		l.log.Warn("record intent", "err", err)
+		l.log.Warn("record intent", "error", err)
 		return l.failed(err)
 	}
 	l.w.event("resume", l.lane, map[string]any{"turn_id": intent.ID, "session_id": intent.SessionID, "attempt": intent.Attempt,

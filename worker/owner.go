@@ -367,7 +367,7 @@ func (o *owner) renewLoop(done chan struct{}) {
 		if o.ctx.Err() != nil {
 			return
 		}
-		o.log.Warn("renew lease", "err", err)
+		o.log.Warn("renew lease", "error", err)
 		if !o.alive() {
 			w.cfg.Metrics.LeaseLost(context.Background(), "expired")
 			o.lost.Store(true)
@@ -488,14 +488,14 @@ func (o *owner) release() {
 		e.Owner = ""
 		return e, nil
 	}, true); err != nil && !errors.Is(err, kv.ErrLeaseLost) {
-		o.log.Warn("release entry", "err", err)
+		o.log.Warn("release entry", "error", err)
 	}
 	o.cancel(errHardStop)
 	// The renew loop may be inside a Renew that writes the lease's
 	// revision: let it end before the release reads it.
 	<-o.renewDone
 	if err := w.leases.Release(context.WithoutCancel(w.hardCtx), o.lease); err != nil {
-		o.log.Warn("release lease", "err", err)
+		o.log.Warn("release lease", "error", err)
 	}
 	handOver := o.entry != nil && o.entry.Turn != nil
 	if !handOver && o.entry != nil && w.draining() {
@@ -511,7 +511,7 @@ func (o *owner) release() {
 		// the lane now rather than after their delay.
 		wake := fmt.Sprintf("wake:%s:%d:handover", o.lane, o.lease.Epoch)
 		if err := w.publishInternal(context.WithoutCancel(w.hardCtx), o.lane, o.entry.SessionKey, session.CmdWake, "", wake); err != nil {
-			o.log.Warn("handover wake", "err", err)
+			o.log.Warn("handover wake", "error", err)
 		}
 	}
 	committed := uint64(0)

@@ -147,7 +147,7 @@ func (l *lane) runStep(st *step) error {
 		}()
 		intent, err := l.recordIntent(st)
 		if err != nil {
-			l.log.Warn("record intent", "err", err)
+			l.log.Warn("record intent", "error", err)
 			return l.failed(err)
 		}
 		return l.execute(intent, st.msgs, false)

@@ -198,7 +198,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			if w.draining() {
 				break
 			}
-			w.log.Warn("pull", "err", err)
+			w.log.Warn("pull", "error", err)
 			// Never spin on a failing pull: back off briefly.
 			select {
 			case <-w.drainCh:
@@ -227,7 +227,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	close(bgStop)
 	bg.Wait()
 	if err := w.heartbeat(StateStopped, stoppedRecordTTL); err != nil {
-		w.log.Warn("record clean stop", "err", err)
+		w.log.Warn("record clean stop", "error", err)
 	}
 	<-sweepDone
 	w.cache.closeAll()
@@ -331,7 +331,7 @@ func (w *Worker) event(kind, laneTok string, v any) {
 	// A core publish: the events stream stores it; no PubAck is awaited
 	// (events are best effort, and the turn path must not pay for them).
 	if err := w.nc.Publish(w.names.EventSubject(kind, laneTok), data); err != nil {
-		w.log.Debug("event publish", "kind", kind, "err", err)
+		w.log.Debug("event publish", "kind", kind, "error", err)
 	}
 }
 
