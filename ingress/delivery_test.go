@@ -96,6 +96,19 @@ func (b *testBundle) waitDelivered(t *testing.T) {
 		if info.NumPending != 0 || info.NumAckPending != 0 {
 			return fmt.Errorf("pending %d, ack pending %d", info.NumPending, info.NumAckPending)
 		}
+		// The pending counts can lag a publish that just returned: the
+		// consumer's ack floor must also have reached the platform's last
+		// outbox message.
+		last, err := b.res.Outbox.GetLastMsgForSubject(ctx, b.names.OutboxPlatformFilter("http"))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if info.AckFloor.Stream < last.Sequence {
+			return fmt.Errorf("ack floor %d, last http reply %d", info.AckFloor.Stream, last.Sequence)
+		}
 		return nil
 	})
 }
