@@ -515,6 +515,14 @@ type OpenAIConfig struct {
 	// Defaults to 2m (120 seconds).
 	ToolTimeout Duration `yaml:"tool_timeout" json:"tool_timeout"`
 
+	// Images is how the photos of a turn reach the model: inline (the
+	// worker fetches each from its attachment URL and sends it as a data
+	// URL), url (the URL itself; the provider must reach it) or none (a
+	// text-only model; attachments are described in the text).
+	//
+	// Defaults to "inline".
+	Images string `yaml:"images" json:"images"`
+
 	// MCPServers are the MCP servers whose tools the model may call (file
 	// only).
 	//
@@ -883,7 +891,7 @@ func Default() Config {
 			GatewayTimeout:               Duration(1800 * time.Second),
 			GatewayAutoContinueFreshness: Duration(3600 * time.Second),
 			RestartDrainTimeout:          Duration(60 * time.Second),
-			OpenAI:                       OpenAIConfig{MaxToolSteps: 8, MaxRetries: 4, ToolTimeout: Duration(120 * time.Second)},
+			OpenAI:                       OpenAIConfig{MaxToolSteps: 8, MaxRetries: 4, ToolTimeout: Duration(120 * time.Second), Images: "inline"},
 		},
 		NATS: NATSConfig{
 			URL:            "nats://127.0.0.1:4222",

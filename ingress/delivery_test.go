@@ -96,18 +96,15 @@ func (b *testBundle) waitDelivered(t *testing.T) {
 		if info.NumPending != 0 || info.NumAckPending != 0 {
 			return fmt.Errorf("pending %d, ack pending %d", info.NumPending, info.NumAckPending)
 		}
-		// The pending counts can lag a publish that just returned: the
-		// consumer's ack floor must also have reached the platform's last
-		// outbox message.
-		last, err := b.res.Outbox.GetLastMsgForSubject(ctx, b.names.OutboxPlatformFilter("http"))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil
-		}
+		// The consumer's pending counts follow a new message a moment after
+		// its PubAck, so they alone can read zero before the consumer saw
+		// the newest reply: its ack floor must have passed that reply.
+		last, err := b.res.Outbox.GetLastMsgForSubject(ctx, info.Config.FilterSubject)
 		if err != nil {
 			return err
 		}
 		if info.AckFloor.Stream < last.Sequence {
-			return fmt.Errorf("ack floor %d, last http reply %d", info.AckFloor.Stream, last.Sequence)
+			return fmt.Errorf("ack floor %d, newest reply at %d", info.AckFloor.Stream, last.Sequence)
 		}
 		return nil
 	})

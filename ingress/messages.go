@@ -45,6 +45,9 @@ type messageRequest struct {
 	// fetches); ReplyTo is the message this one replies to.
 	Attachments []session.Attachment `json:"attachments"`
 	ReplyTo     *session.Quote       `json:"reply_to"`
+	// MediaGroup names the album a photo belongs to: in busy mode queue
+	// the photos of one album make one turn.
+	MediaGroup string `json:"media_group"`
 }
 
 // acceptResponse is the 202 answer of POST /v1/messages.
@@ -315,6 +318,9 @@ func (s *Server) buildInbound(req *messageRequest, now time.Time) (*inboxMessage
 	if err := session.ValidateMedia(req.Attachments, req.ReplyTo); err != nil {
 		return nil, badRequest("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
+	if err := session.ValidateID("media_group", req.MediaGroup); err != nil {
+		return nil, badRequest("%v", err)
+	}
 	for i, a := range req.Attachments {
 		if a.URL == "" {
 			// Nothing else could resolve an HTTP client's file.
@@ -362,7 +368,7 @@ func (s *Server) buildInbound(req *messageRequest, now time.Time) (*inboxMessage
 	if e != nil {
 		return nil, e
 	}
-	m.setMedia(req.ReplyTo, req.Attachments, "")
+	m.setMedia(req.ReplyTo, req.Attachments, req.MediaGroup)
 	return m, nil
 }
 

@@ -179,8 +179,7 @@ func (l *lane) recoverTurn() error {
 			if st.userSeqs[m.seq] {
 				continue
 			}
-			e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", t.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
-				Content: m.body.Text, InboxSeq: m.seq, TurnID: t.ID, SenderName: m.body.Source.UserName, Timestamp: w.cfg.Now()}
+			e := userEntry(t.ID, m, w.cfg.Now())
 			if err := l.append(st, &e); err != nil {
 				return l.failed(err)
 			}
@@ -367,8 +366,7 @@ func (l *lane) parkStale(st *txState, t *session.TurnIntent, msgs []inboxMsg, re
 		if st.userSeqs[m.seq] || m.kind == session.KindInternal {
 			continue
 		}
-		e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", t.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
-			Content: m.body.Text, InboxSeq: m.seq, TurnID: t.ID, SenderName: m.body.Source.UserName, Timestamp: l.w.cfg.Now()}
+		e := userEntry(t.ID, m, l.w.cfg.Now())
 		if err := l.append(st, &e); err != nil {
 			return l.failed(err)
 		}

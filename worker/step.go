@@ -41,10 +41,13 @@ func (l *lane) nextStep(ctx context.Context) (*step, error) {
 		st.kind = kindDiscard
 		return st, nil
 	}
-	if first.kind != session.KindMessage || l.busyMode() == BusyQueue {
-		// In queue mode every plain message is its own turn, FIFO, as a
-		// /queue item is: nothing merges them.
+	if first.kind != session.KindMessage {
 		return st, nil
+	}
+	if l.busyMode() == BusyQueue {
+		// In queue mode every plain message is its own turn, FIFO, as a
+		// /queue item is: nothing merges them but the photos of one album.
+		return l.albumStep(ctx, st, blind)
 	}
 	size := len(first.body.Text)
 	last := first.seq
@@ -165,7 +168,7 @@ func (l *lane) discard(m inboxMsg) error {
 		}
 		id := fmt.Sprintf("discard:%d", m.seq)
 		if !st.ids[id] {
-			e := transcript.Entry{ID: id, Kind: transcript.KindNotice, Role: "system", Content: "Discarded queued message: " + m.body.Text,
+			e := transcript.Entry{ID: id, Kind: transcript.KindNotice, Role: "system", Content: "Discarded queued message: " + describeInbound(m.body),
 				InboxSeq: m.seq, TurnID: id, Timestamp: l.w.cfg.Now()}
 			if err := l.append(st, &e); err != nil {
 				return l.failed(err)

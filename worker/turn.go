@@ -185,7 +185,6 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 	// The user entries, each once (a recovered turn may have some already).
 	var users []agent.UserMessage
 	for _, m := range msgs {
-		text := m.body.Text
 		if m.kind == session.KindInternal {
 			// An automatic resume is an event with empty text and no user
 			// entry; the fleet's wake-ups carry nothing.
@@ -195,7 +194,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 			continue
 		}
 		if st.userSeqs[m.seq] {
-			users = append(users, agent.UserMessage{InboxSeq: m.seq, Text: text, SenderName: m.body.Source.UserName})
+			users = append(users, userMessage(m))
 			continue
 		}
 		if dup, err := l.duplicate(m); err != nil {
@@ -203,8 +202,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		} else if dup {
 			continue
 		}
-		e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", intent.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
-			Content: text, InboxSeq: m.seq, TurnID: intent.ID, SenderName: m.body.Source.UserName, Timestamp: w.cfg.Now()}
+		e := userEntry(intent.ID, m, w.cfg.Now())
 		if err := l.append(st, &e); err != nil {
 			if tooLarge(err) {
 				// No retry can store it: tell the user, commit past it,
@@ -214,7 +212,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 			l.log.Warn("append user entry", "error", err)
 			return l.failed(err)
 		}
-		users = append(users, agent.UserMessage{InboxSeq: m.seq, Text: text, SenderName: m.body.Source.UserName})
+		users = append(users, userMessage(m))
 	}
 	crashPoint("after_append")
 	if len(users) == 0 {
@@ -249,6 +247,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		Attempt:       intent.Attempt,
 		History:       historyOf(retryHistory(st.history(), intent)),
 		Messages:      users,
+		Quote:         turnQuote(users),
 	}
 	var steerErr error // set by the agent goroutine, read after it is done
 	// Only a turn of plain messages takes steered input: a /queue item is
@@ -663,7 +662,7 @@ func (l *lane) publishReplyAs(key string, st *txState, intent *session.TurnInten
 	r := session.Reply{
 		ID: st.sessionID + ":" + seqString(e.Seq), SessionKey: key, SessionID: st.sessionID,
 		TurnID: intent.ID, TxSeq: e.Seq, Kind: kind, Text: e.Content, Platform: src.Platform,
-		ChatID: src.ChatID, ThreadID: src.ThreadID, CreatedAt: e.Timestamp,
+		ChatID: src.ChatID, ThreadID: src.ThreadID, ReplyTo: src.MessageID, CreatedAt: e.Timestamp,
 	}
 	data, err := jsonMarshal(r)
 	if err != nil {
@@ -779,8 +778,11 @@ func findEntry(st *txState, id string) (*transcript.Entry, bool) {
 }
 
 func sourceOf(e *session.SessionEntry, msgs []inboxMsg) session.SessionSource {
-	if len(msgs) > 0 && msgs[0].body.Source.Platform != "" {
-		return msgs[0].body.Source
+	// The newest message is the turn's reply anchor (its MessageID).
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].body.Source.Platform != "" {
+			return msgs[i].body.Source
+		}
 	}
 	if o, ok := e.OriginSource(); ok {
 		return o

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -65,6 +66,18 @@ type Config struct {
 	Prices map[string]Price
 	// HTTPClient sends the requests. Defaults to the SDK's client.
 	HTTPClient *http.Client
+	// Images is how the photos and stickers of a turn's messages reach the
+	// model as image parts: ImagesInline (fetched from the attachment URL
+	// and sent as data URLs), ImagesURL (the URL itself) or ImagesNone (a
+	// text-only model). Every attachment is also described in the message
+	// text (kind, name, type, size, URL). Defaults to ImagesInline.
+	Images string
+	// MaxImageBytes bounds one inlined image. Defaults to
+	// DefaultMaxImageBytes.
+	MaxImageBytes int64
+	// MediaClient fetches inlined images. Defaults to a client with a 30 s
+	// timeout.
+	MediaClient *http.Client
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 }
@@ -99,6 +112,7 @@ type Tools interface {
 type Backend struct {
 	cfg    Config
 	client openai.Client
+	media  *http.Client
 	agent  *Agent
 }
 
@@ -118,6 +132,16 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	switch cfg.Images {
+	case "":
+		cfg.Images = ImagesInline
+	case ImagesInline, ImagesURL, ImagesNone:
+	default:
+		return nil, fmt.Errorf("openai: images %q: want %s, %s or %s", cfg.Images, ImagesInline, ImagesURL, ImagesNone)
+	}
+	if cfg.MaxImageBytes <= 0 {
+		cfg.MaxImageBytes = DefaultMaxImageBytes
+	}
 	opts := []option.RequestOption{option.WithMaxRetries(max(cfg.MaxRetries, 0))}
 	if cfg.BaseURL != "" {
 		opts = append(opts, option.WithBaseURL(cfg.BaseURL))
@@ -128,7 +152,10 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.HTTPClient != nil {
 		opts = append(opts, option.WithHTTPClient(cfg.HTTPClient))
 	}
-	b := &Backend{cfg: cfg, client: openai.NewClient(opts...)}
+	b := &Backend{cfg: cfg, client: openai.NewClient(opts...), media: cfg.MediaClient}
+	if b.media == nil {
+		b.media = &http.Client{Timeout: 30 * time.Second}
+	}
 	b.agent = &Agent{b: b}
 	return b, nil
 }
@@ -158,7 +185,8 @@ func (a *Agent) Close() error { return nil }
 // Run implements agent.Agent.
 func (a *Agent) Run(ctx context.Context, t *agent.Turn, emit agent.Emitter) (*agent.Result, error) {
 	cfg := a.b.cfg
-	msgs := Messages(cfg.SystemPrompt, t)
+	images, failed := a.turnImages(ctx, t)
+	msgs := messages(cfg.SystemPrompt, t, images, failed)
 	var tools []openai.ChatCompletionToolUnionParam
 	if cfg.Tools != nil && cfg.MaxToolSteps > 0 {
 		list, err := cfg.Tools.List(ctx)
@@ -367,8 +395,30 @@ func toolCallParam(c agent.ToolCall) openai.ChatCompletionMessageToolCallUnionPa
 // the session context prompt, the turn's notes), then the history. Tool
 // results whose call is not in the history are left out, and a call
 // without a result (its turn was cut between the two) gets one saying so:
-// the API refuses either.
+// the API refuses either. A user message's reply context and attachments
+// are written into its text; the images of the turn's own messages are
+// image parts with their attachment URLs (Run may inline them instead).
 func Messages(system string, t *agent.Turn) []openai.ChatCompletionMessageParamUnion {
+	images := map[uint64][]string{}
+	for _, m := range t.Messages {
+		for _, a := range m.Attachments {
+			if a.IsImage() && a.URL != "" {
+				images[m.InboxSeq] = append(images[m.InboxSeq], a.URL)
+			}
+		}
+	}
+	return messages(system, t, images, nil)
+}
+
+// messages is Messages with the image parts of each of the turn's
+// messages (by inbox seq) given, and the notes of images that failed.
+func messages(system string, t *agent.Turn, images, failed map[uint64][]string) []openai.ChatCompletionMessageParamUnion {
+	current := map[uint64]agent.UserMessage{}
+	for _, m := range t.Messages {
+		if m.InboxSeq != 0 {
+			current[m.InboxSeq] = m
+		}
+	}
 	var sys []string
 	for _, s := range append([]string{system, t.ContextPrompt}, t.Notes...) {
 		if s = strings.TrimSpace(s); s != "" {
@@ -400,7 +450,25 @@ func Messages(system string, t *agent.Turn) []openai.ChatCompletionMessageParamU
 		closeOpen()
 		switch m.Role {
 		case agent.RoleUser:
-			out = append(out, openai.UserMessage(m.Content))
+			atts, q := m.Attachments, m.Quote
+			var imgs, notes []string
+			if cur, ok := current[m.InboxSeq]; ok {
+				// The turn's own messages: the worker's view of their
+				// media fills in, and only they carry image parts
+				// (earlier images stay described in the text, not re-sent).
+				if len(atts) == 0 {
+					atts = cur.Attachments
+				}
+				if q == nil {
+					q = cur.Quote
+				}
+				imgs, notes = images[m.InboxSeq], failed[m.InboxSeq]
+			}
+			if len(atts) == 0 && q == nil && len(imgs) == 0 {
+				out = append(out, openai.UserMessage(m.Content))
+				continue
+			}
+			out = append(out, userContent(m.Content, q, atts, imgs, notes))
 		case agent.RoleSystem:
 			out = append(out, openai.SystemMessage(m.Content))
 		case agent.RoleAssistant:
