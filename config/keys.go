@@ -503,6 +503,8 @@ func platformKeys() []key {
 			"URL of the Discord Gateway websocket (tests point it at a local server).",
 			func(pc *PlatformConfig) *string { return &pc.GatewayURL }, checkWSURL),
 		requireMentionKey(dc, "Guild messages (threads included) reach the agent only when they mention the bot; DMs always do. false: every guild message the bot can read."),
+		liveEditsKey(tg, "Telegram", "editMessageText"),
+		liveEditsKey(sl, "Slack", "chat.update"),
 	}
 }
 
@@ -522,6 +524,29 @@ func requireMentionKey(p session.Platform, desc string) key {
 			pc.RequireMention = nil // true is the default
 			if b := v.(bool); !b {
 				pc.RequireMention = &b
+			}
+			storePlatform(c, p, pc)
+		},
+	}
+}
+
+// liveEditsKey is platforms.<p>.live_edits (default true).
+func liveEditsKey(p session.Platform, name, method string) key {
+	return key{
+		path: "platforms." + string(p) + ".live_edits", kind: kindBool, def: "true",
+		desc: "A streaming agent's reply shows on " + name + " as one message edited in place (`" + method +
+			"`, at most once a second per chat) until the final reply replaces its text. false: only the final reply is posted. Set it alike on every ingress.",
+		get: func(c *Config, _ []string) (any, bool) {
+			if m := c.Platforms[p].LiveEdits; m != nil {
+				return *m, true
+			}
+			return true, true
+		},
+		set: func(c *Config, _ []string, v any) {
+			pc := c.Platforms[p]
+			pc.LiveEdits = nil // true is the default
+			if b := v.(bool); !b {
+				pc.LiveEdits = &b
 			}
 			storePlatform(c, p, pc)
 		},

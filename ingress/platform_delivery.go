@@ -110,6 +110,11 @@ type PlatformDeliveryConfig struct {
 	Backoff, BackoffMax time.Duration
 	// SendTimeout bounds one send. Defaults to 20s.
 	SendTimeout time.Duration
+	// LiveEdits makes a reply replace its turn's live message (posted by a
+	// LiveEdits of the platform, in any process) with its first part,
+	// rather than post a new one. It needs a Sender that is a LiveSender.
+	// Set it alike on every process of the fleet.
+	LiveEdits bool
 	// Logger receives structured logs. Defaults to a discard logger.
 	Logger *slog.Logger
 	// Metrics records send attempts, failures and replies given up, per
@@ -129,11 +134,14 @@ type deliveryState struct {
 	Sent   int `json:"sent"`
 	// Inflight is the chunk whose send started and whose outcome is not
 	// known; -1 for none.
-	Inflight int    `json:"inflight"`
-	Failures int    `json:"failures,omitempty"`
-	Done     bool   `json:"done,omitempty"`
-	Failed   bool   `json:"failed,omitempty"`
-	Error    string `json:"error,omitempty"`
+	Inflight int `json:"inflight"`
+	Failures int `json:"failures,omitempty"`
+	// Live is the platform id of the turn's live message (streamed
+	// deltas), which the first chunk replaces by an edit; empty for none.
+	Live   string `json:"live,omitempty"`
+	Done   bool   `json:"done,omitempty"`
+	Failed bool   `json:"failed,omitempty"`
+	Error  string `json:"error,omitempty"`
 }
 
 // DeliveryFailure is the event recorded on <prefix>.ev.delivery_failed.<lane>
@@ -197,6 +205,9 @@ func NewPlatformDelivery(js jetstream.JetStream, res *broker.Resources, cfg Plat
 	}
 	if cfg.MaxLen < 64 {
 		return nil, fmt.Errorf("%w: platform delivery: MaxLen %d is below 64", ErrInvalidConfig, cfg.MaxLen)
+	}
+	if _, ok := cfg.Sender.(LiveSender); cfg.LiveEdits && !ok {
+		return nil, fmt.Errorf("%w: platform delivery: LiveEdits needs a Sender that can edit messages", ErrInvalidConfig)
 	}
 	if cfg.Names.Prefix() == "" {
 		cfg.Names = broker.MustNames(broker.DefaultPrefix)
@@ -383,6 +394,9 @@ func (d *PlatformDelivery) deliverReply(ctx context.Context, msg jetstream.Msg) 
 	chunks := Split(rep.Text, d.cfg.MaxLen-d.cfg.Length(DuplicateLabel), d.cfg.Length)
 	st.Chunks = len(chunks)
 	target := Target{ChatID: rep.ChatID, ThreadID: rep.ThreadID, SessionKey: rep.SessionKey}
+	if st.Sent == 0 && st.Live == "" {
+		st.Live = d.claimLive(ctx, rep)
+	}
 	attempts := 0
 	for i := st.Sent; i < len(chunks); {
 		if ctx.Err() != nil {
@@ -390,7 +404,8 @@ func (d *PlatformDelivery) deliverReply(ctx context.Context, msg jetstream.Msg) 
 			return
 		}
 		text := chunks[i]
-		if st.Inflight == i || (i == 0 && rep.PossibleDuplicate) {
+		edit := i == 0 && st.Live != ""
+		if !edit && (st.Inflight == i || (i == 0 && rep.PossibleDuplicate)) {
 			text = DuplicateLabel + text
 		}
 		if !d.pace(ctx, msg, target.ChatID) {
@@ -414,9 +429,16 @@ func (d *PlatformDelivery) deliverReply(ctx context.Context, msg jetstream.Msg) 
 		if d.dec.tracer != nil {
 			sctx, span = d.dec.tracer.Start(sctx, "platform send", trace.WithSpanKind(trace.SpanKindClient),
 				trace.WithAttributes(telemetry.AttrPlatform.String(string(d.cfg.Platform)), attribute.Int("agentfleet.chunk", i),
-					attribute.Int("agentfleet.attempt", attempts)))
+					attribute.Int("agentfleet.attempt", attempts), attribute.Bool("agentfleet.edit", edit)))
 		}
-		err := d.cfg.Sender.Send(sctx, target, text)
+		var err error
+		if edit {
+			// Replaces the streamed text: an edit is idempotent, so it
+			// never needs the duplicate label.
+			err = d.cfg.Sender.(LiveSender).Edit(sctx, target, st.Live, text)
+		} else {
+			err = d.cfg.Sender.Send(sctx, target, text)
+		}
 		endSpan(span, err)
 		cancel()
 		d.cfg.Metrics.DeliveryAttempt(ctx, string(d.cfg.Platform), err)
@@ -435,7 +457,14 @@ func (d *PlatformDelivery) deliverReply(ctx context.Context, msg jetstream.Msg) 
 		if !errors.As(err, &se) {
 			se = &SendError{Err: err}
 		}
-		if !se.Ambiguous {
+		if edit && se.Permanent {
+			// The live message is gone (deleted, too old to edit): post
+			// the reply as a new message instead.
+			log.LogAttrs(ctx, slog.LevelWarn, "live message not editable; posting the reply", slog.Any("error", err))
+			st.Live, st.Inflight = "", -1
+			continue
+		}
+		if !se.Ambiguous || edit {
 			st.Inflight = -1 // nothing was posted: the retry needs no label
 		}
 		if se.RetryAfter > 0 && !se.Permanent {
