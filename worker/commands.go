@@ -143,7 +143,7 @@ func (l *lane) runCommandIntent(intent *session.TurnIntent, msgs []inboxMsg) err
 	}
 	if intent.ForkFrom != "" {
 		if err := l.copyFork(st, intent); err != nil {
-			l.log.Warn("fork session", "from", intent.ForkFrom, "err", err)
+			l.log.Warn("fork session", "from", intent.ForkFrom, "error", err)
 			return l.failed(err)
 		}
 	}

@@ -34,12 +34,12 @@ func (l *lane) namedFromStateDB() (named []namedSession, ok bool) {
 	defer cancel()
 	msg, err := l.w.nc.RequestWithContext(ctx, l.w.names.APIPrefix()+"."+statedb.EndpointSessions, req)
 	if err != nil {
-		l.w.log.Debug("resume: state database unavailable, listing from the session index", "lane", l.lane, "err", err)
+		l.w.log.Debug("resume: state database unavailable, listing from the session index", "lane", l.lane, "error", err)
 		return nil, false
 	}
 	if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
 		l.w.log.Debug("resume: state database error, listing from the session index", "lane", l.lane, "code", code,
-			"err", msg.Header.Get(micro.ErrorHeader))
+			"error", msg.Header.Get(micro.ErrorHeader))
 		return nil, false
 	}
 	var resp statedb.SessionsResponse
