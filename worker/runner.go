@@ -63,7 +63,7 @@ func (l *lane) run() {
 	switch {
 	case errors.Is(err, kv.ErrNotFound):
 	case err != nil:
-		l.log.Warn("read entry", "err", err)
+		l.log.Warn("read entry", "error", err)
 		l.nakHeld(time.Second)
 		return
 	default:
@@ -103,7 +103,7 @@ func (l *lane) run() {
 			return
 		}
 		if err != nil {
-			l.log.Warn("acquire lease", "err", err)
+			l.log.Warn("acquire lease", "error", err)
 			l.nakHeld(time.Second)
 			return
 		}
@@ -121,7 +121,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 	end, err := l.begin(lease)
 	defer end()
 	if err != nil {
-		l.log.Warn("take ownership", "err", err)
+		l.log.Warn("take ownership", "error", err)
 		l.giveUp()
 		return false
 	}
@@ -145,7 +145,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 			if l.ctx.Err() != nil {
 				continue
 			}
-			l.log.Warn("peek", "err", err)
+			l.log.Warn("peek", "error", err)
 			l.wait(time.Second)
 			continue
 		}
@@ -153,7 +153,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 			l.autoCheck = false
 			if l.autoResumeDue() {
 				if err := l.publishAutoResume(); err != nil {
-					l.log.Warn("publish automatic resume", "err", err)
+					l.log.Warn("publish automatic resume", "error", err)
 				}
 				continue
 			}

@@ -348,8 +348,11 @@ func (a *Adapter) Sender() ingress.Sender { return sender{a} }
 
 type sender struct{ a *Adapter }
 
-// Send posts text to the reply's chat, in its forum topic. A group that
-// became a supergroup is followed to its new id once.
+// Send posts text to the reply's chat, in its forum topic, as a reply to
+// t.ReplyTo when that is a Telegram message id (message ids are per chat:
+// the anchor is one of the reply's chat, the chat its turn came from). A
+// group that became a supergroup is followed to its new id once, without
+// the anchor (an id of the old chat).
 func (s sender) Send(ctx context.Context, t ingress.Target, text string) error {
 	var thread int64
 	if t.ThreadID != "" {
@@ -359,15 +362,74 @@ func (s sender) Send(ctx context.Context, t ingress.Target, text string) error {
 		}
 		thread = n
 	}
-	err := s.a.client.SendMessage(ctx, t.ChatID, thread, text)
+	var replyTo int64
+	if n, err := strconv.ParseInt(t.Anchor(""), 10, 64); err == nil && n > 0 {
+		replyTo = n
+	}
+	err := s.a.client.SendMessage(ctx, t.ChatID, thread, replyTo, text)
 	var ae *APIError
 	if errors.As(err, &ae) && ae.MigrateTo != 0 {
-		err = s.a.client.SendMessage(ctx, strconv.FormatInt(ae.MigrateTo, 10), thread, text)
+		err = s.a.client.SendMessage(ctx, strconv.FormatInt(ae.MigrateTo, 10), thread, 0, text)
 	}
 	if err != nil {
 		return sendError(err)
 	}
 	return nil
+}
+
+// Post is Send that returns the new message's id (an ingress.LiveSender:
+// the first streamed delta of a turn).
+func (s sender) Post(ctx context.Context, t ingress.Target, text string) (string, error) {
+	thread, err := topic(t)
+	if err != nil {
+		return "", err
+	}
+	id, err := s.a.client.PostMessage(ctx, t.ChatID, thread, text)
+	if err != nil {
+		return "", sendError(err)
+	}
+	return strconv.FormatInt(id, 10), nil
+}
+
+// Edit replaces the text of a message posted by Post (editMessageText).
+func (s sender) Edit(ctx context.Context, t ingress.Target, msgID, text string) error {
+	id, err := strconv.ParseInt(msgID, 10, 64)
+	if err != nil {
+		return &ingress.SendError{Permanent: true, Err: fmt.Errorf("message id %q is not a Telegram message id", msgID)}
+	}
+	if err := s.a.client.EditMessageText(ctx, t.ChatID, id, text); err != nil {
+		se := sendError(err)
+		// A failed edit changes nothing visible: retried as it is.
+		if e, ok := se.(*ingress.SendError); ok {
+			e.Ambiguous = false
+		}
+		return se
+	}
+	return nil
+}
+
+func topic(t ingress.Target) (int64, error) {
+	if t.ThreadID == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(t.ThreadID, 10, 64)
+	if err != nil {
+		return 0, &ingress.SendError{Permanent: true, Err: fmt.Errorf("thread id %q is not a Telegram topic id", t.ThreadID)}
+	}
+	return n, nil
+}
+
+// LiveConfig returns the live-message settings of Telegram: one edit per
+// chat per second (its per-chat limit), a 429 pausing the chat.
+func LiveConfig(s ingress.Sender) ingress.LiveEditsConfig {
+	ls, _ := s.(ingress.LiveSender)
+	return ingress.LiveEditsConfig{
+		Platform:     session.PlatformTelegram,
+		Sender:       ls,
+		MaxLen:       MaxMessageLength,
+		Length:       ingress.UTF16Len,
+		EditInterval: ChatInterval,
+	}
 }
 
 // DeliveryConfig returns the platform delivery settings of Telegram: its
