@@ -45,6 +45,10 @@ func (w *Worker) watchLeaseExpiries(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	defer it.Stop()
+	// Markers from before this follow began (a new leader; a restart
+	// after a failure) are not seen: catch up with the lanes of every
+	// worker whose liveness lease is gone.
+	w.wakeOrphans(ctx, "")
 	for {
 		msg, err := it.Next()
 		if err != nil {
@@ -57,6 +61,12 @@ func (w *Worker) watchLeaseExpiries(ctx context.Context) error {
 			continue
 		}
 		lane := strings.TrimPrefix(msg.Subject(), prefix)
+		if strings.HasPrefix(lane, kv.LivenessKeyPrefix) {
+			// A worker's liveness lease expired: its lane leases are
+			// void, wake its lanes that have work.
+			w.wakeOrphans(ctx, lane)
+			continue
+		}
 		if lane == "" || lane == w.names.WatcherLeaseKey() {
 			continue
 		}
@@ -71,15 +81,46 @@ func (w *Worker) watchLeaseExpiries(ctx context.Context) error {
 	}
 }
 
+// wakeOrphans wakes the lanes with work whose lease is bound to a
+// liveness lease that is gone (their owner died): those of the owner of
+// liveKey, or of every dead owner when liveKey is empty. The worker that
+// takes the wake-up takes the lease over (kv.Leases.AcquireBound).
+func (w *Worker) wakeOrphans(ctx context.Context, liveKey string) {
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	lanes, err := w.leases.Orphans(lctx, liveKey)
+	cancel()
+	if err != nil && ctx.Err() == nil {
+		w.log.Warn("list the lanes of dead workers", "err", err)
+	}
+	for _, lane := range lanes {
+		woke, err := w.wakeLane(ctx, lane, false)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			w.log.Warn("wake after the owner's liveness expired", "lane", lane, "err", err)
+		case woke:
+			w.log.Info("owner's liveness lease expired with work pending: lane woken", "lane", lane)
+			w.stats.ExpiryWakes.Add(1)
+		}
+	}
+}
+
 // wakeIfStranded publishes an internal wake-up into a lane that no worker
 // holds and that has work (see wakeStranded).
 func (w *Worker) wakeIfStranded(ctx context.Context, lane string) (bool, error) {
+	return w.wakeLane(ctx, lane, true)
+}
+
+// wakeLane is wakeIfStranded; with free=false the lane's lease is not
+// looked at (it is known to be void).
+func (w *Worker) wakeLane(ctx context.Context, lane string, free bool) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, _, err := w.leases.Holder(ctx, lane); err == nil {
-		return false, nil // taken again already: its owner sees the work
-	} else if !errors.Is(err, kv.ErrNotFound) {
-		return false, err
+	if free {
+		if _, _, err := w.leases.Holder(ctx, lane); err == nil {
+			return false, nil // taken again already: its owner sees the work
+		} else if !errors.Is(err, kv.ErrNotFound) {
+			return false, err
+		}
 	}
 	e, _, err := w.store.Get(ctx, lane)
 	switch {

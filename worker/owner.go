@@ -298,7 +298,15 @@ func (o *owner) commit(seq uint64) error {
 	return nil
 }
 
+// alive reports whether the owner may write: the lane lease not known
+// lost, its last confirmed renewal recent enough, and the worker's liveness
+// lease it is bound to ours and recent enough (see liveness).
 func (o *owner) alive() bool {
+	return o.leaseFresh() && o.w.live.fresh(o.lease.Live)
+}
+
+// leaseFresh is alive without the liveness lease.
+func (o *owner) leaseFresh() bool {
 	if o.lost.Load() {
 		return false
 	}
@@ -306,13 +314,17 @@ func (o *owner) alive() bool {
 	return mono()-o.renewedAt.Load() < deadline
 }
 
-// checkAlive is the self-fence: no write once the lease could have expired.
+// checkAlive is the self-fence: no write once the lease, or the liveness
+// lease it is bound to, could have expired. A liveness renewal that is
+// late (a loaded machine) is waited for, up to the moment the liveness
+// lease could really have expired; the write is then refused.
 func (o *owner) checkAlive() error {
-	if !o.alive() {
-		o.cancel(kv.ErrLeaseLost)
-		return kv.ErrLeaseLost
+	if o.leaseFresh() && (o.w.live.fresh(o.lease.Live) || o.w.live.wait(o.ctx, o.lease.Live)) && o.leaseFresh() {
+		return nil
 	}
-	return nil
+	o.lost.Store(true)
+	o.cancel(kv.ErrLeaseLost)
+	return kv.ErrLeaseLost
 }
 
 // renewLoop renews the lease every TTL/3. InProgress goes out only in the
@@ -336,6 +348,15 @@ func (o *owner) renewLoop(done chan struct{}) {
 			o.cancel(kv.ErrLeaseLost)
 			return
 		}
+		if live := o.lease.Live; live != w.live.epoch.Load() {
+			// The worker's liveness lease this lease is bound to is gone:
+			// the lane may be another worker's already.
+			o.log.Warn("lease lost with the worker's liveness lease", "live", live)
+			w.stats.LeasesLost.Add(1)
+			o.lost.Store(true)
+			o.cancel(kv.ErrLeaseLost)
+			return
+		}
 		err := w.leases.Renew(o.ctx, o.lease)
 		if err == nil {
 			o.renewedAt.Store(int64(o.lease.Renewed.Sub(monoBase)))
@@ -344,6 +365,7 @@ func (o *owner) renewLoop(done chan struct{}) {
 		}
 		if errors.Is(err, kv.ErrLeaseLost) {
 			o.log.Warn("lease lost")
+			w.stats.LeasesLost.Add(1)
 			o.lost.Store(true)
 			o.cancel(kv.ErrLeaseLost)
 			return
@@ -352,7 +374,7 @@ func (o *owner) renewLoop(done chan struct{}) {
 			return
 		}
 		o.log.Warn("renew lease", "err", err)
-		if !o.alive() {
+		if !o.leaseFresh() {
 			o.lost.Store(true)
 			o.cancel(kv.ErrLeaseLost)
 			return

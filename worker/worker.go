@@ -32,6 +32,7 @@ type Worker struct {
 	names  broker.Names
 	store  *kv.Store
 	leases *kv.Leases
+	live   *liveness
 	msgids *kv.MsgIDs
 	tx     *transcript.Log
 	owner  string
@@ -73,6 +74,14 @@ type Stats struct {
 	// ExpiryWakes counts the lanes this worker woke, as the watcher's
 	// leader, when their lease expired with work pending.
 	ExpiryWakes atomic.Int64
+	// LivenessLost counts the times this worker found its liveness lease
+	// gone while it ran (its lanes could be taken over although it was
+	// alive: a spurious takeover). LeasesLost counts the lane leases it
+	// lost while owning them, for any reason. DeadOwnerTakeovers counts
+	// the lanes it took over from an owner whose liveness lease was gone.
+	LivenessLost       atomic.Int64
+	LeasesLost         atomic.Int64
+	DeadOwnerTakeovers atomic.Int64
 }
 
 // New returns a worker over provisioned resources.
@@ -95,6 +104,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Confi
 		names:     c.Names,
 		store:     kv.NewStore(res, &kv.StoreOptions{Now: c.Now}),
 		leases:    kv.NewLeases(js, res, c.Names, c.LeaseTTL),
+		live:      newLiveness(kv.NewLeases(js, res, c.Names, c.LivenessTTL), c.LivenessTTL),
 		msgids:    kv.NewMsgIDs(res),
 		tx:        tx,
 		owner:     c.ID + "/" + hex.EncodeToString(inc[:]),
@@ -132,6 +142,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := broker.AssertWorkersConsumer(ctx, w.res.Consumer, w.cfg.LeaseTTL); err != nil {
 		return err
 	}
+	if err := w.startLiveness(ctx); err != nil {
+		return err
+	}
+	liveStop := make(chan struct{})
+	liveDone := make(chan struct{})
+	go func() { defer close(liveDone); w.livenessLoop(liveStop) }()
+	defer func() { close(liveStop); <-liveDone }()
 	it, err := w.res.Consumer.Messages(jetstream.PullMaxMessages(4), jetstream.PullExpiry(5*time.Second))
 	if err != nil {
 		return fmt.Errorf("worker: pull: %w", err)
@@ -183,7 +200,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}()
 
-	w.log.Info("worker started", "lease_ttl", w.cfg.LeaseTTL, "max_lanes", w.cfg.MaxLanes, "max_turns", w.cfg.MaxTurns)
+	w.log.Info("worker started", "lease_ttl", w.cfg.LeaseTTL, "liveness_ttl", w.cfg.LivenessTTL, "max_lanes", w.cfg.MaxLanes, "max_turns", w.cfg.MaxTurns)
 	var runErr error
 	for {
 		msg, err := it.Next()
