@@ -905,8 +905,8 @@ func Default() Config {
 			Sync:    SyncDefault,
 		},
 		Lease: LeaseConfig{
-			TTL:    Duration(broker.DefaultLeaseTTL),
-			Margin: Duration(broker.DefaultLeaseMargin),
+			TTL:         Duration(broker.DefaultLeaseTTL),
+			Margin:      Duration(broker.DefaultLeaseMargin),
 			LivenessTTL: Duration(broker.DefaultLivenessTTL),
 		},
 		Worker: WorkerConfig{

@@ -90,6 +90,7 @@ func (l *lane) run() {
 		if !l.w.live.fresh(live) {
 			// No liveness lease to bind a lane lease to (yet, or lost):
 			// leave the lane to others for now.
+			l.log.Debug("no fresh liveness lease: lane handed back")
 			l.nakHeld(time.Second)
 			return
 		}
@@ -97,6 +98,7 @@ func (l *lane) run() {
 		var held *kv.HeldError
 		if errors.As(err, &held) {
 			// Wake-up step 2: another worker owns the lane.
+			l.log.Debug("lane held elsewhere", "holder", held.Owner, "rev", held.Rev)
 			l.w.stats.HeldElsewhere.Add(1)
 			l.w.heldElsewhere.Store(l.lane, time.Now().Add(500*time.Millisecond))
 			delay := time.Duration(-1)

@@ -56,6 +56,11 @@ type Worker struct {
 	heldElsewhere sync.Map // lane -> time.Time until which another worker is known to hold it
 }
 
+// pullExpiry is how long a pull request of the worker waits on the server.
+// A worker that stops without closing its connection (paused, hung) may
+// have one pending that long, which takes a wake-up it will not handle.
+const pullExpiry = 5 * time.Second
+
 // Stats are counters of a worker's activity.
 type Stats struct {
 	Turns       atomic.Int64
@@ -149,7 +154,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	liveDone := make(chan struct{})
 	go func() { defer close(liveDone); w.livenessLoop(liveStop) }()
 	defer func() { close(liveStop); <-liveDone }()
-	it, err := w.res.Consumer.Messages(jetstream.PullMaxMessages(4), jetstream.PullExpiry(5*time.Second))
+	it, err := w.res.Consumer.Messages(jetstream.PullMaxMessages(4), jetstream.PullExpiry(pullExpiry))
 	if err != nil {
 		return fmt.Errorf("worker: pull: %w", err)
 	}
