@@ -120,12 +120,13 @@ func (l *Leases) Acquire(ctx context.Context, lane, owner string) (*Lease, error
 }
 
 // AcquireBound is Acquire for a lease bound to the owner's liveness lease
-// of epoch live (see LivenessKey): the lease is good only while that
-// liveness lease lives. A key held under a bound lease whose owner's
-// liveness lease is gone (expired, or replaced by a newer epoch) is taken
-// over by a conditional write on the key's revision: the write's revision
-// is the new epoch, higher than every earlier one, and the old owner's
-// renewals fail on the revision check from then on.
+// of epoch live (see LivenessKey): the owner writes under it only while
+// that liveness lease lives (or after rebinding it to a new one by a
+// renewal). A key held under a bound lease whose owner has no liveness
+// lease at all (it died) is taken over by a conditional write on the key's
+// revision: the write's revision is the new epoch, higher than every
+// earlier one, and the old owner's renewals fail on the revision check from
+// then on.
 func (l *Leases) AcquireBound(ctx context.Context, lane, owner string, live uint64) (*Lease, error) {
 	for attempt := 1; ; attempt++ {
 		lease, hrev, held, err := l.acquire(ctx, lane, owner, live)
@@ -135,7 +136,7 @@ func (l *Leases) AcquireBound(ctx context.Context, lane, owner string, live uint
 		if held.live == 0 {
 			return nil, err
 		}
-		alive, aerr := l.alive(ctx, held.Owner, held.live)
+		alive, aerr := l.alive(ctx, held.Owner)
 		if aerr != nil || alive {
 			return nil, err
 		}
@@ -147,22 +148,24 @@ func (l *Leases) AcquireBound(ctx context.Context, lane, owner string, live uint
 	}
 }
 
-// alive reports whether owner's liveness lease of epoch live still lives.
-func (l *Leases) alive(ctx context.Context, owner string, live uint64) (bool, error) {
-	v, rev, err := l.value(ctx, LivenessKey(owner))
+// alive reports whether owner has a liveness lease, of any epoch: owner
+// ids name one process, so the process is alive. An owner that lost its
+// liveness lease (a stall) and took a new one rebinds its lane leases to the
+// new epoch itself; only an owner with none at all is taken over.
+func (l *Leases) alive(ctx context.Context, owner string) (bool, error) {
+	v, _, err := l.value(ctx, LivenessKey(owner))
 	if errors.Is(err, ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	return v.Owner == owner && v.epochOf(rev) == live, nil
+	return v.Owner == owner, nil
 }
 
-// OwnerAlive reports whether the liveness lease of epoch live of owner
-// still lives.
-func (l *Leases) OwnerAlive(ctx context.Context, owner string, live uint64) (bool, error) {
-	return l.alive(ctx, owner, live)
+// OwnerAlive reports whether owner has a liveness lease.
+func (l *Leases) OwnerAlive(ctx context.Context, owner string) (bool, error) {
+	return l.alive(ctx, owner)
 }
 
 // takeOver writes a fresh lease for owner over the key's revision hrev.
@@ -389,8 +392,8 @@ func (l *Leases) Live(ctx context.Context) (map[string]struct{}, error) {
 	}
 }
 
-// Orphans returns the keys of the live leases bound to a liveness lease
-// that is gone: leases of dead owners, which AcquireBound takes over. With
+// Orphans returns the keys of the live bound leases whose owner has no
+// liveness lease: leases of dead owners, which AcquireBound takes over. With
 // liveKey set, only the leases of the owner of that liveness key are
 // looked at (the owner whose liveness lease just expired). Keys starting
 // with '_' (the watcher's, liveness keys) are skipped. One watch of the
@@ -401,11 +404,7 @@ func (l *Leases) Orphans(ctx context.Context, liveKey string) ([]string, error) 
 		return nil, fmt.Errorf("list leases: %w", err)
 	}
 	defer stopWatch(watch)
-	type bound struct {
-		owner string
-		live  uint64
-	}
-	lanes := map[bound][]string{}
+	lanes := map[string][]string{} // owner -> lanes
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
@@ -428,13 +427,12 @@ func (l *Leases) Orphans(ctx context.Context, liveKey string) ([]string, error) 
 			if liveKey != "" && LivenessKey(v.Owner) != liveKey {
 				continue
 			}
-			b := bound{v.Owner, v.Live}
-			lanes[b] = append(lanes[b], e.Key())
+			lanes[v.Owner] = append(lanes[v.Owner], e.Key())
 		}
 	}
 	var out []string
-	for b, keys := range lanes {
-		alive, err := l.alive(ctx, b.owner, b.live)
+	for owner, keys := range lanes {
+		alive, err := l.alive(ctx, owner)
 		if err != nil {
 			return out, err
 		}

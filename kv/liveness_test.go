@@ -13,7 +13,8 @@ import (
 
 // TestLeaseTakeoverFromDeadOwner: a lane lease bound to an owner's liveness
 // lease is held while that liveness lease lives, and taken over, with a
-// higher epoch and long before the lane lease's own TTL, once it expired.
+// higher epoch and long before the lane lease's own TTL, once it expired
+// and the owner has none.
 // The old owner's renewal then fails. Orphans lists the lane only while its
 // owner is dead.
 func TestLeaseTakeoverFromDeadOwner(t *testing.T) {
@@ -51,7 +52,7 @@ func TestLeaseTakeoverFromDeadOwner(t *testing.T) {
 		if err := live.Renew(ctx, liveB); err != nil {
 			return err
 		}
-		alive, err := lanes.OwnerAlive(ctx, "a", liveA.Epoch)
+		alive, err := lanes.OwnerAlive(ctx, "a")
 		if err != nil || alive {
 			return errors.New("A's liveness lease still lives")
 		}
@@ -84,13 +85,18 @@ func TestLeaseTakeoverFromDeadOwner(t *testing.T) {
 	if owner, _, err := lanes.Holder(ctx, "lane1"); err != nil || owner != "b" {
 		t.Fatalf("holder %q (%v) after A's release; want b", owner, err)
 	}
-	// A new liveness epoch of the same owner does not revive the old
-	// binding: a lease bound to A's old epoch stays void.
+	// A takes a new liveness lease: it counts as alive again, but its old
+	// lane lease stays B's (A could only rebind it by a renewal, a CAS on
+	// its own last write, which the takeover moved).
 	if _, err := live.Acquire(ctx, kv.LivenessKey("a"), "a"); err != nil {
 		t.Fatal(err)
 	}
-	if alive, err := lanes.OwnerAlive(ctx, "a", liveA.Epoch); err != nil || alive {
-		t.Fatalf("OwnerAlive(a, old epoch) = %v, %v; want false", alive, err)
+	if alive, err := lanes.OwnerAlive(ctx, "a"); err != nil || !alive {
+		t.Fatalf("OwnerAlive(a) = %v, %v after its new liveness lease; want true", alive, err)
+	}
+	leaseA.Live = 99
+	if err := lanes.Renew(ctx, leaseA); !errors.Is(err, kv.ErrLeaseLost) {
+		t.Fatalf("A's rebinding renewal after the takeover: %v, want ErrLeaseLost", err)
 	}
 	if err := lanes.Renew(ctx, leaseB); err != nil {
 		t.Fatalf("B's renewal: %v", err)

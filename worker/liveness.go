@@ -22,11 +22,15 @@ import (
 // leases, which are still renewed only every lease.ttl/3 each.
 //
 // The self-fence covers it like the lane lease: an owner writes only while
-// the last confirmed renewal of the liveness lease (counted from when it was
-// sent) is younger than the TTL less a quarter of it (owner.alive). A write
-// that finds it older waits for the renewal in flight, up to the moment the
-// key could really have expired (waitLive), so a slow renewal on a loaded
-// machine delays writes rather than losing the lanes.
+// the last confirmed renewal of the liveness lease its lane lease is bound
+// to (counted from when it was sent) is younger than the TTL less a quarter
+// of it (owner.alive). A write that finds it older waits (checkAlive), so a
+// slow renewal on a loaded machine delays writes rather than losing the
+// lanes. A liveness lease found expired (a store stall, a pause) is
+// replaced by a new epoch, and every lane renews its lease at once to bind
+// it to the new epoch; that renewal is a CAS on the lane lease, so it fails
+// if another worker took the lane over in between (kv.Leases only takes
+// over the lanes of an owner with no liveness lease at all).
 type liveness struct {
 	leases *kv.Leases
 	ttl    time.Duration
@@ -70,33 +74,11 @@ func (lv *liveness) fresh(epoch uint64) bool {
 		mono()-lv.renewedAt.Load() < int64(lv.ttl-lv.margin())
 }
 
-// wait waits until the liveness lease of epoch is fresh again (true), or
-// could have expired on the server, or was replaced, or ctx ended (false).
-func (lv *liveness) wait(ctx context.Context, epoch uint64) bool {
-	for {
-		lv.mu.Lock()
-		ch := lv.changed
-		lv.mu.Unlock()
-		if lv.fresh(epoch) {
-			return true
-		}
-		if lv.epoch.Load() != epoch {
-			return false
-		}
-		left := time.Duration(lv.renewedAt.Load() + int64(lv.ttl) - mono())
-		if left <= 0 {
-			return false
-		}
-		t := time.NewTimer(left)
-		select {
-		case <-ch:
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return false
-		}
-		t.Stop()
-	}
+// changedCh returns a channel closed at the next renewal.
+func (lv *liveness) changedCh() <-chan struct{} {
+	lv.mu.Lock()
+	defer lv.mu.Unlock()
+	return lv.changed
 }
 
 // startLiveness takes the worker's liveness lease; Run calls it before it
