@@ -82,7 +82,7 @@ type owner struct {
 	lost      atomic.Bool
 	// live is the epoch of the worker's liveness lease the lease is bound
 	// to (the renew loop rebinds it when the worker takes a new one).
-	live atomic.Uint64
+	live      atomic.Uint64
 	renewDone chan struct{}
 	// ctx is the ownership's context; cancel ends it with a cause
 	// (kv.ErrLeaseLost, errHardStop, ...).
