@@ -258,7 +258,7 @@ func (o *owner) appendTo(st *txState, e *transcript.Entry) error {
 		seq, err = o.w.tx.Append(context.WithoutCancel(o.ctx), st.sessionID, st.last, e)
 		// An unknown outcome is resolved by sending the same entry against
 		// the same tail again (the transcript log compares entry ids).
-		if err == nil || !errors.Is(err, transcript.ErrOutcomeUnknown) || attempt >= 5 || !o.alive() {
+		if err == nil || !errors.Is(err, transcript.ErrOutcomeUnknown) || attempt >= 5 || o.checkAlive() != nil {
 			break
 		}
 	}
