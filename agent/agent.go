@@ -158,7 +158,7 @@ type UserMessage struct {
 	MessageID string
 	// Attachments are the files the message carries, as references: Kind,
 	// the platform FileID, a URL the agent can fetch the bytes from (for
-	// Telegram and Slack, the ingress's media endpoint, so no bot token is
+	// Telegram, Slack and WhatsApp, the ingress's media endpoint, so no token is
 	// ever in it), MimeType, Size, Name and Caption. Photos of a burst
 	// arrive together in one turn; a voice note, audio, a video or a
 	// document is always a turn of its own.

@@ -250,6 +250,12 @@ type PlatformConfig struct {
 	// Defaults to true.
 	RequireMention *bool `yaml:"require_mention,omitempty" json:"require_mention,omitempty"`
 
+	// LiveEdits shows a streaming agent's reply as one message edited in
+	// place while it is written (telegram, slack).
+	//
+	// Defaults to true.
+	LiveEdits *bool `yaml:"live_edits,omitempty" json:"live_edits,omitempty"`
+
 	// AppSecret is the Meta app secret that signs WhatsApp webhooks
 	// (whatsapp only). Secret.
 	//
@@ -307,12 +313,14 @@ const (
 // TelegramSettings are the effective Telegram settings (defaults applied).
 type TelegramSettings struct {
 	Token, WebhookSecret, Mode, APIBase string
+	LiveEdits                           bool
 }
 
 // Telegram returns the Telegram settings; Token empty means the adapter is off.
 func (c Config) Telegram() TelegramSettings {
 	pc := c.Platforms[session.PlatformTelegram]
-	s := TelegramSettings{Token: pc.Token, WebhookSecret: pc.WebhookSecret, Mode: pc.Mode, APIBase: pc.APIBase}
+	s := TelegramSettings{Token: pc.Token, WebhookSecret: pc.WebhookSecret, Mode: pc.Mode, APIBase: pc.APIBase,
+		LiveEdits: pc.LiveEdits == nil || *pc.LiveEdits}
 	if s.Mode == "" {
 		s.Mode = TelegramModeWebhook
 	}
@@ -325,7 +333,7 @@ func (c Config) Telegram() TelegramSettings {
 // SlackSettings are the effective Slack settings (defaults applied).
 type SlackSettings struct {
 	SigningSecret, BotToken, AppToken, APIBase, Mode string
-	RequireMention                                   bool
+	RequireMention, LiveEdits                        bool
 }
 
 // Enabled reports whether the Slack adapter is configured: a signing secret
@@ -341,7 +349,7 @@ func (s SlackSettings) Enabled() bool {
 func (c Config) Slack() SlackSettings {
 	pc := c.Platforms[session.PlatformSlack]
 	s := SlackSettings{SigningSecret: pc.SigningSecret, BotToken: pc.BotToken, AppToken: pc.AppToken, APIBase: pc.APIBase,
-		Mode: pc.Mode, RequireMention: true}
+		Mode: pc.Mode, RequireMention: true, LiveEdits: pc.LiveEdits == nil || *pc.LiveEdits}
 	if s.Mode == "" {
 		s.Mode = SlackModeEvents
 	}
@@ -514,6 +522,14 @@ type OpenAIConfig struct {
 	//
 	// Defaults to 2m (120 seconds).
 	ToolTimeout Duration `yaml:"tool_timeout" json:"tool_timeout"`
+
+	// Images is how the photos of a turn reach the model: inline (the
+	// worker fetches each from its attachment URL and sends it as a data
+	// URL), url (the URL itself; the provider must reach it) or none (a
+	// text-only model; attachments are described in the text).
+	//
+	// Defaults to "inline".
+	Images string `yaml:"images" json:"images"`
 
 	// MCPServers are the MCP servers whose tools the model may call (file
 	// only).
@@ -891,7 +907,7 @@ func Default() Config {
 			GatewayTimeout:               Duration(1800 * time.Second),
 			GatewayAutoContinueFreshness: Duration(3600 * time.Second),
 			RestartDrainTimeout:          Duration(60 * time.Second),
-			OpenAI:                       OpenAIConfig{MaxToolSteps: 8, MaxRetries: 4, ToolTimeout: Duration(120 * time.Second)},
+			OpenAI:                       OpenAIConfig{MaxToolSteps: 8, MaxRetries: 4, ToolTimeout: Duration(120 * time.Second), Images: "inline"},
 		},
 		NATS: NATSConfig{
 			URL:            "nats://127.0.0.1:4222",
@@ -1069,6 +1085,7 @@ func (c Config) clone() Config {
 			pc.SessionReset = pc.SessionReset.clone()
 			pc.SessionResetByChatType = cloneOverrides(pc.SessionResetByChatType)
 			pc.RequireMention = clonePtr(pc.RequireMention)
+			pc.LiveEdits = clonePtr(pc.LiveEdits)
 			r.Platforms[p] = pc
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -143,4 +144,49 @@ func TestPostMessageWithMedia(t *testing.T) {
 	if after := b.inboxCount(t); after != before {
 		t.Fatalf("refused messages were stored: %d -> %d", before, after)
 	}
+}
+
+// FuzzMediaLink: whatever the file id and the signature, the endpoint
+// never panics, fetches nothing without the right signature, and serves
+// every link the linker makes (the file id comes back unchanged).
+func FuzzMediaLink(f *testing.F) {
+	for _, s := range [][2]string{{"AgACAgQAAxkBAAIB", ""}, {"a/b", "00"}, {"..", "x"}, {"%2F", "zz"}, {"é ?#", ""}, {"", ""}} {
+		f.Add(s[0], s[1])
+	}
+	key := ingress.MediaKey("123:token")
+	f.Fuzz(func(t *testing.T, fileID, sig string) {
+		var asked []string
+		fetch := ingress.MediaFetcherFunc(func(_ context.Context, id string) (*ingress.MediaFile, error) {
+			asked = append(asked, id)
+			return &ingress.MediaFile{Body: io.NopCloser(strings.NewReader("x")), Size: 1}, nil
+		})
+		h, _ := ingress.MediaHandler(ingress.MediaHandlerConfig{Platform: session.PlatformTelegram, Key: key, Fetcher: fetch})
+		l, _ := ingress.NewMediaLinker("http://ingress.test", session.PlatformTelegram, key)
+
+		// A forged request.
+		target := "/v1/media/telegram/" + url.PathEscape(fileID) + "?sig=" + url.QueryEscape(sig)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, target, nil))
+		if w.Code == http.StatusOK && (len(asked) != 1 || asked[0] != fileID || !strings.Contains(l.Link(fileID), "sig="+sig)) {
+			t.Fatalf("served %q with sig %q (fetched %q)", fileID, sig, asked)
+		}
+		if w.Code != http.StatusOK && len(asked) != 0 {
+			t.Fatalf("refused %d but fetched %q", w.Code, asked)
+		}
+
+		// The real link.
+		if fileID == "" {
+			return
+		}
+		asked = nil
+		u, err := url.Parse(l.Link(fileID))
+		if err != nil {
+			t.Fatalf("link %q: %v", l.Link(fileID), err)
+		}
+		w = httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, u.RequestURI(), nil))
+		if w.Code != http.StatusOK || len(asked) != 1 || asked[0] != fileID {
+			t.Fatalf("link for %q: %d, fetched %q", fileID, w.Code, asked)
+		}
+	})
 }

@@ -53,6 +53,10 @@ type Reply struct {
 	CreatedAt  time.Time `json:"created_at"`
 	// PossibleDuplicate marks a reply whose earlier send was ambiguous.
 	PossibleDuplicate bool `json:"possible_duplicate,omitempty"`
+
+	// ReplyTo is the platform id of the message the reply answers: the
+	// newest message of its turn (the reply anchor of a merged turn).
+	ReplyTo string `json:"reply_to,omitempty"`
 }
 
 // Delta is a piece of a reply being written, streamed while a turn runs.

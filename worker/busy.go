@@ -82,7 +82,7 @@ func (l *lane) answerReadOnly(ctx context.Context, st *txState, intent *session.
 		case m.kind == session.KindInternal && m.body.Command == session.CmdWake:
 		case m.kind == session.KindCommand && session.ReadOnlyCommand(m.body.Command):
 			if err := l.answerEarly(st, m); err != nil {
-				l.log.Warn("answer read-only command", "seq", m.seq, "err", err)
+				l.log.Warn("answer read-only command", "seq", m.seq, "error", err)
 				return
 			}
 		default:
@@ -179,13 +179,12 @@ func (l *lane) steer(ctx context.Context, st *txState, intent *session.TurnInten
 			} else if dup {
 				continue
 			}
-			e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", intent.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
-				Content: m.body.Text, InboxSeq: m.seq, TurnID: intent.ID, SenderName: m.body.Source.UserName, Timestamp: l.w.cfg.Now()}
+			e := userEntry(intent.ID, m, l.w.cfg.Now())
 			if err := l.append(st, &e); err != nil {
 				return nil, err
 			}
 		}
-		out = append(out, agent.UserMessage{InboxSeq: m.seq, Text: m.body.Text, SenderName: m.body.Source.UserName})
+		out = append(out, userMessage(m))
 	}
 	return out, nil
 }

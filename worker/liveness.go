@@ -128,7 +128,7 @@ func (w *Worker) livenessLoop(stop <-chan struct{}) {
 				return
 			}
 			if err := lv.leases.Release(context.Background(), lv.lease); err != nil {
-				w.log.Warn("release the liveness lease", "err", err)
+				w.log.Warn("release the liveness lease", "error", err)
 			}
 			return
 		case <-t.C:
@@ -138,7 +138,7 @@ func (w *Worker) livenessLoop(stop <-chan struct{}) {
 				lv.set(nl)
 				lost = false
 			} else if ctx.Err() == nil {
-				w.log.Warn("take a new liveness lease", "err", err)
+				w.log.Warn("take a new liveness lease", "error", err)
 			}
 			continue
 		}
@@ -153,7 +153,7 @@ func (w *Worker) livenessLoop(stop <-chan struct{}) {
 			w.log.Warn("liveness lease lost while running: this worker's lanes may be taken over (spurious takeover)",
 				"epoch", lease.Epoch, "since_renewal", time.Duration(mono()-lv.renewedAt.Load()))
 		case ctx.Err() == nil:
-			w.log.Warn("renew the liveness lease", "err", err)
+			w.log.Warn("renew the liveness lease", "error", err)
 		}
 	}
 }

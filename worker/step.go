@@ -41,10 +41,13 @@ func (l *lane) nextStep(ctx context.Context) (*step, error) {
 		st.kind = kindDiscard
 		return st, nil
 	}
-	if first.kind != session.KindMessage || l.busyMode() == BusyQueue {
-		// In queue mode every plain message is its own turn, FIFO, as a
-		// /queue item is: nothing merges them.
+	if first.kind != session.KindMessage {
 		return st, nil
+	}
+	if l.busyMode() == BusyQueue {
+		// In queue mode every plain message is its own turn, FIFO, as a
+		// /queue item is: nothing merges them but the photos of one album.
+		return l.albumStep(ctx, st, blind)
 	}
 	size := len(first.body.Text)
 	last := first.seq
@@ -137,6 +140,9 @@ func (l *lane) runStep(st *step) error {
 		// The platform message ids are looked up while the intent is
 		// recorded: both are reads or writes of their own buckets, and the
 		// turn needs both before its first append.
+		if l.startTurnTrace(st.msgs, "") {
+			defer l.endTurnTrace()
+		}
 		l.msgids = l.prefetchMsgIDs(st.msgs)
 		defer func() {
 			l.msgids.wait()
@@ -144,7 +150,7 @@ func (l *lane) runStep(st *step) error {
 		}()
 		intent, err := l.recordIntent(st)
 		if err != nil {
-			l.log.Warn("record intent", "err", err)
+			l.log.Warn("record intent", "error", err)
 			return l.failed(err)
 		}
 		return l.execute(intent, st.msgs, false)
@@ -162,7 +168,7 @@ func (l *lane) discard(m inboxMsg) error {
 		}
 		id := fmt.Sprintf("discard:%d", m.seq)
 		if !st.ids[id] {
-			e := transcript.Entry{ID: id, Kind: transcript.KindNotice, Role: "system", Content: "Discarded queued message: " + m.body.Text,
+			e := transcript.Entry{ID: id, Kind: transcript.KindNotice, Role: "system", Content: "Discarded queued message: " + describeInbound(m.body),
 				InboxSeq: m.seq, TurnID: id, Timestamp: l.w.cfg.Now()}
 			if err := l.append(st, &e); err != nil {
 				return l.failed(err)

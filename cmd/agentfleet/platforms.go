@@ -87,9 +87,16 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 			rt.log.Info("telegram webhook enabled", "path", "/webhooks/telegram")
 		}
 		cfg := telegram.DeliveryConfig(a.Sender())
+		cfg.LiveEdits = tg.LiveEdits
 		if err := p.startDelivery(ctx, rt, js, res, cfg); err != nil {
 			p.stop()
 			return nil, err
+		}
+		if tg.LiveEdits {
+			if err := rt.startLive(ctx, js, res, telegram.LiveConfig(a.Sender()), ingress.TokenID(tg.Token), wg); err != nil {
+				p.stop()
+				return nil, err
+			}
 		}
 	}
 	sl := rt.cfg.Slack()
@@ -136,9 +143,17 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 			}()
 			rt.log.Info("slack socket mode enabled", "lease", s.Key())
 		}
-		if err := p.startDelivery(ctx, rt, js, res, slack.DeliveryConfig(a.Sender())); err != nil {
+		scfg := slack.DeliveryConfig(a.Sender())
+		scfg.LiveEdits = sl.LiveEdits
+		if err := p.startDelivery(ctx, rt, js, res, scfg); err != nil {
 			p.stop()
 			return nil, err
+		}
+		if sl.LiveEdits {
+			if err := rt.startLive(ctx, js, res, slack.LiveConfig(a.Sender()), ingress.TokenID(sl.BotToken), wg); err != nil {
+				p.stop()
+				return nil, err
+			}
 		}
 	}
 	if wa := rt.cfg.WhatsAppCloud(); wa.Enabled() {
@@ -212,6 +227,8 @@ func (p *platforms) startDelivery(ctx context.Context, rt *runtime, js jetstream
 	cfg.Backoff = rt.cfg.Delivery.Backoff.Duration()
 	cfg.MaxAttempts = rt.cfg.Delivery.MaxAttempts
 	cfg.MaxAge = rt.cfg.Delivery.MaxAge.Duration()
+	cfg.Metrics = rt.instruments()
+	cfg.TracerProvider = rt.tracer()
 	d, err := ingress.NewPlatformDelivery(js, res, cfg)
 	if err != nil {
 		return err
@@ -220,5 +237,32 @@ func (p *platforms) startDelivery(ctx context.Context, rt *runtime, js jetstream
 		return err
 	}
 	p.deliveries = append(p.deliveries, d)
+	return nil
+}
+
+// startLive runs the platform's live messages (streamed deltas edited into
+// one message) in one process of the fleet: under a singleton lease, as
+// the poll loop. The delivery consumer, in any process, finds the live
+// message in the delivered bucket.
+func (rt *runtime) startLive(ctx context.Context, js jetstream.JetStream, res *broker.Resources, cfg ingress.LiveEditsConfig, id string, wg *sync.WaitGroup) error {
+	if cfg.Sender == nil {
+		return nil
+	}
+	cfg.Names = rt.names
+	cfg.Logger = rt.log
+	l, err := ingress.NewLiveEdits(js, res, cfg)
+	if err != nil {
+		return err
+	}
+	s, err := ingress.NewSingleton(js, res, ingress.SingletonConfig{Names: rt.names, Kind: string(cfg.Platform) + "_live",
+		ID: id, Logger: rt.log})
+	if err != nil {
+		return err
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = s.Run(ctx, l.Run)
+	}()
 	return nil
 }

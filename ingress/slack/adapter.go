@@ -507,6 +507,48 @@ func (s sender) Send(ctx context.Context, t ingress.Target, text string) error {
 	return nil
 }
 
+// Post is Send that returns the new message's ts (an ingress.LiveSender:
+// the first streamed delta of a turn).
+func (s sender) Post(ctx context.Context, t ingress.Target, text string) (string, error) {
+	opts := []slackapi.MsgOption{slackapi.MsgOptionText(text, false)}
+	if t.ThreadID != "" {
+		opts = append(opts, slackapi.MsgOptionTS(t.ThreadID))
+	}
+	_, ts, err := s.a.api.PostMessageContext(ctx, t.ChatID, opts...)
+	if err != nil {
+		return "", sendError(err)
+	}
+	return ts, nil
+}
+
+// Edit replaces the text of message msgID (its ts) with chat.update.
+func (s sender) Edit(ctx context.Context, t ingress.Target, msgID, text string) error {
+	_, _, _, err := s.a.api.UpdateMessageContext(ctx, t.ChatID, msgID, slackapi.MsgOptionText(text, false))
+	if err != nil {
+		se := sendError(err)
+		if e, ok := se.(*ingress.SendError); ok {
+			e.Ambiguous = false // a failed edit changes nothing visible
+		}
+		return se
+	}
+	return nil
+}
+
+// LiveConfig returns the live-message settings of Slack: chat.update is a
+// Tier 3 method (about 50 a minute per workspace), so one edit per chat
+// per ChatInterval, and a 429 pauses every chat's edits.
+func LiveConfig(s ingress.Sender) ingress.LiveEditsConfig {
+	ls, _ := s.(ingress.LiveSender)
+	return ingress.LiveEditsConfig{
+		Platform:     session.PlatformSlack,
+		Sender:       ls,
+		MaxLen:       MaxMessageLength,
+		Length:       ingress.RuneLen,
+		EditInterval: ChatInterval,
+		RateLimitAll: true,
+	}
+}
+
 // sendError classifies a chat.postMessage failure.
 func sendError(err error) error {
 	var rl *slackapi.RateLimitedError

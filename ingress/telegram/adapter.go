@@ -370,6 +370,61 @@ func (s sender) Send(ctx context.Context, t ingress.Target, text string) error {
 	return nil
 }
 
+// Post is Send that returns the new message's id (an ingress.LiveSender:
+// the first streamed delta of a turn).
+func (s sender) Post(ctx context.Context, t ingress.Target, text string) (string, error) {
+	thread, err := topic(t)
+	if err != nil {
+		return "", err
+	}
+	id, err := s.a.client.PostMessage(ctx, t.ChatID, thread, text)
+	if err != nil {
+		return "", sendError(err)
+	}
+	return strconv.FormatInt(id, 10), nil
+}
+
+// Edit replaces the text of a message posted by Post (editMessageText).
+func (s sender) Edit(ctx context.Context, t ingress.Target, msgID, text string) error {
+	id, err := strconv.ParseInt(msgID, 10, 64)
+	if err != nil {
+		return &ingress.SendError{Permanent: true, Err: fmt.Errorf("message id %q is not a Telegram message id", msgID)}
+	}
+	if err := s.a.client.EditMessageText(ctx, t.ChatID, id, text); err != nil {
+		se := sendError(err)
+		// A failed edit changes nothing visible: retried as it is.
+		if e, ok := se.(*ingress.SendError); ok {
+			e.Ambiguous = false
+		}
+		return se
+	}
+	return nil
+}
+
+func topic(t ingress.Target) (int64, error) {
+	if t.ThreadID == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(t.ThreadID, 10, 64)
+	if err != nil {
+		return 0, &ingress.SendError{Permanent: true, Err: fmt.Errorf("thread id %q is not a Telegram topic id", t.ThreadID)}
+	}
+	return n, nil
+}
+
+// LiveConfig returns the live-message settings of Telegram: one edit per
+// chat per second (its per-chat limit), a 429 pausing the chat.
+func LiveConfig(s ingress.Sender) ingress.LiveEditsConfig {
+	ls, _ := s.(ingress.LiveSender)
+	return ingress.LiveEditsConfig{
+		Platform:     session.PlatformTelegram,
+		Sender:       ls,
+		MaxLen:       MaxMessageLength,
+		Length:       ingress.UTF16Len,
+		EditInterval: ChatInterval,
+	}
+}
+
 // DeliveryConfig returns the platform delivery settings of Telegram: its
 // message limit in UTF-16 units and its per-chat pace.
 func DeliveryConfig(s ingress.Sender) ingress.PlatformDeliveryConfig {

@@ -1,5 +1,6 @@
 // Package slackfake is a local stand-in for the Slack Web API, for tests:
-// chat.postMessage (recording what was posted, and answering with scripted
+// chat.postMessage and chat.update (recording what was posted and updated,
+// and answering with scripted
 // failures as Slack does: 429 with Retry-After, 5xx, {"ok": false, "error"}),
 // auth.test, and Socket Mode (apps.connections.open and the WebSocket, with
 // hello, events_api envelopes, acknowledgements and redelivery of what a
@@ -30,8 +31,16 @@ const BotUserID = "U0BOT00001"
 
 // Posted is one chat.postMessage call.
 type Posted struct {
-	Channel, Text, ThreadTS string
-	At                      time.Time
+	// TS is the message's ts (empty for a failed attempt); Text is the text
+	// it was posted with, whatever updates followed.
+	Channel, Text, ThreadTS, TS string
+	At                          time.Time
+}
+
+// Update is one accepted chat.update call.
+type Update struct {
+	Channel, TS, Text string
+	At                time.Time
 }
 
 // Failure is a scripted answer to the next chat.postMessage call.
@@ -53,6 +62,9 @@ type Server struct {
 	attempts []Posted
 	failures []Failure
 	ts       int
+	updates  []Update
+	updFail  []Failure
+	texts    map[string]string // channel/ts -> current text
 
 	// Files by id, and the files.info calls answered.
 	files     map[string]fakeFile
@@ -67,7 +79,7 @@ type Server struct {
 
 // New starts a server, closed when the test ends.
 func New(t interface{ Cleanup(func()) }) *Server {
-	s := &Server{}
+	s := &Server{texts: map[string]string{}}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(s.Close)
 	return s
@@ -103,6 +115,27 @@ func (s *Server) FailNext(f ...Failure) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.failures = append(s.failures, f...)
+}
+
+// FailUpdateNext scripts the answers to the next chat.update calls.
+func (s *Server) FailUpdateNext(f ...Failure) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.updFail = append(s.updFail, f...)
+}
+
+// Updates returns the accepted chat.update calls, in order.
+func (s *Server) Updates() []Update {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Update(nil), s.updates...)
+}
+
+// Text returns the current text of message ts in channel.
+func (s *Server) Text(channel, ts string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.texts[channel+"/"+ts]
 }
 
 // Posted returns the messages posted so far.
@@ -152,6 +185,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			"team_id": "T061EG9R6", "user_id": BotUserID, "bot_id": "B0BOT00001"})
 	case "chat.postMessage":
 		s.postMessage(w, r)
+	case "chat.update":
+		s.update(w, r)
 	default:
 		reply(w, http.StatusOK, map[string]any{"ok": false, "error": "unknown_method"})
 	}
@@ -194,12 +229,47 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusOK, map[string]any{"ok": false, "error": f.Error})
 		return
 	}
-	s.posted = append(s.posted, p)
 	s.ts++
 	ts := fmt.Sprintf("%d.%06d", time.Now().Unix(), s.ts)
+	p.TS = ts
+	s.posted = append(s.posted, p)
+	s.texts[p.Channel+"/"+ts] = p.Text
 	s.mu.Unlock()
 	reply(w, http.StatusOK, map[string]any{"ok": true, "channel": p.Channel, "ts": ts,
 		"message": map[string]any{"type": "message", "text": p.Text, "user": BotUserID, "bot_id": "B0BOT00001", "ts": ts}})
+}
+
+func (s *Server) update(w http.ResponseWriter, r *http.Request) {
+	u := Update{Channel: r.Form.Get("channel"), TS: r.Form.Get("ts"), Text: r.Form.Get("text"), At: time.Now()}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.updFail) > 0 {
+		f := s.updFail[0]
+		s.updFail = s.updFail[1:]
+		if f.RetryAfter > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(f.RetryAfter))
+		}
+		if f.Status != 0 && f.Status != http.StatusOK {
+			w.Header().Set("Content-Type", "text/html")
+			w.WriteHeader(f.Status)
+			_, _ = fmt.Fprintf(w, "<html><body>%d</body></html>", f.Status)
+			return
+		}
+		reply(w, http.StatusOK, map[string]any{"ok": false, "error": f.Error})
+		return
+	}
+	key := u.Channel + "/" + u.TS
+	if _, ok := s.texts[key]; !ok {
+		reply(w, http.StatusOK, map[string]any{"ok": false, "error": "message_not_found"})
+		return
+	}
+	if u.Text == "" {
+		reply(w, http.StatusOK, map[string]any{"ok": false, "error": "no_text"})
+		return
+	}
+	s.texts[key] = u.Text
+	s.updates = append(s.updates, u)
+	reply(w, http.StatusOK, map[string]any{"ok": true, "channel": u.Channel, "ts": u.TS, "text": u.Text})
 }
 
 func (s *Server) fileInfo(w http.ResponseWriter, id string) {
