@@ -131,3 +131,25 @@ func FuzzBuildInbound(f *testing.F) {
 		}
 	})
 }
+
+// TestTargetAnchor: groups quote the anchor; DMs only when the user's
+// newest message is another one.
+func TestTargetAnchor(t *testing.T) {
+	for _, c := range []struct {
+		t      Target
+		latest string
+		want   string
+	}{
+		{Target{ReplyTo: "5"}, "", "5"},
+		{Target{ReplyTo: "5"}, "5", "5"},
+		{Target{ReplyTo: "5", DM: true}, "", ""},
+		{Target{ReplyTo: "5", DM: true}, "5", ""},
+		{Target{ReplyTo: "5", DM: true}, "6", "5"},
+		{Target{DM: true}, "6", ""},
+		{Target{}, "", ""},
+	} {
+		if got := c.t.Anchor(c.latest); got != c.want {
+			t.Errorf("%+v.Anchor(%q) = %q, want %q", c.t, c.latest, got, c.want)
+		}
+	}
+}

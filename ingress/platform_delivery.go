@@ -46,6 +46,29 @@ type Target struct {
 	ChatID, ThreadID string
 	// SessionKey is the lane's session key, for logs.
 	SessionKey string
+	// ReplyTo is the reply's anchor (session.Reply.ReplyTo: the newest
+	// message of its turn), set on the first part of a reply only, never on
+	// an edit of a live message. A Sender quotes it as Anchor says.
+	ReplyTo string
+	// DM is whether the chat is a direct message (the session key's chat
+	// type).
+	DM bool
+}
+
+// Anchor is the message a Sender posts the message to t as a reply to, or
+// "" for a plain message. In a group, channel or thread, where several
+// people talk, it is the anchor. In a DM the answer follows the question
+// anyway and a quote on every message is noise (the platforms' own
+// assistants do not quote in DMs): it is the anchor only when latest, the
+// newest message the user sent in the chat as far as the Sender knows, is
+// another one (the turn was queued behind later messages); a Sender that
+// does not know ("") posts plain. A Sender also drops an anchor that is
+// not a message id of its platform.
+func (t Target) Anchor(latest string) string {
+	if t.ReplyTo == "" || (t.DM && (latest == "" || latest == t.ReplyTo)) {
+		return ""
+	}
+	return t.ReplyTo
 }
 
 // SendError classifies a failed send for the delivery's retry logic.
@@ -394,6 +417,9 @@ func (d *PlatformDelivery) deliverReply(ctx context.Context, msg jetstream.Msg) 
 	chunks := Split(rep.Text, d.cfg.MaxLen-d.cfg.Length(DuplicateLabel), d.cfg.Length)
 	st.Chunks = len(chunks)
 	target := Target{ChatID: rep.ChatID, ThreadID: rep.ThreadID, SessionKey: rep.SessionKey}
+	if _, chatType, _, err := session.SplitSessionKey(rep.SessionKey); err != nil || chatType == session.ChatDM {
+		target.DM = true
+	}
 	if st.Sent == 0 && st.Live == "" {
 		st.Live = d.claimLive(ctx, rep)
 	}
@@ -405,6 +431,10 @@ func (d *PlatformDelivery) deliverReply(ctx context.Context, msg jetstream.Msg) 
 		}
 		text := chunks[i]
 		edit := i == 0 && st.Live != ""
+		target.ReplyTo = ""
+		if i == 0 && !edit {
+			target.ReplyTo = rep.ReplyTo
+		}
 		if !edit && (st.Inflight == i || (i == 0 && rep.PossibleDuplicate)) {
 			text = DuplicateLabel + text
 		}

@@ -225,10 +225,30 @@ func (s sender) Send(ctx context.Context, t ingress.Target, text string) error {
 	if err != nil {
 		return &ingress.SendError{Permanent: true, Err: fmt.Errorf("chat id %q is not a Discord channel id", chat)}
 	}
-	if _, err := a.rest.CreateMessage(id, create, rest.WithCtx(ctx)); err != nil {
+	body := channelMessage{MessageCreate: create}
+	if ref, err := snowflake.Parse(t.Anchor("")); err == nil && ref != 0 {
+		// A reply to the anchor, without pinging its author; a deleted
+		// anchor gives a plain message.
+		body.MessageReference = &messageReference{MessageID: ref.String(), FailIfNotExists: false}
+	}
+	var msg discord.Message
+	if err := a.rest.Do(rest.CreateMessage.Compile(nil, id), body, &msg, rest.WithCtx(ctx)); err != nil {
 		return sendError(err)
 	}
 	return nil
+}
+
+// channelMessage is the body of POST /channels/{id}/messages: disgo's
+// MessageReference leaves out fail_if_not_exists when false, and Discord
+// reads a missing one as true (a reply to a deleted message would fail).
+type channelMessage struct {
+	discord.MessageCreate
+	MessageReference *messageReference `json:"message_reference,omitempty"`
+}
+
+type messageReference struct {
+	MessageID       string `json:"message_id"`
+	FailIfNotExists bool   `json:"fail_if_not_exists"`
 }
 
 func (a *Adapter) interaction(ctx context.Context, sessionKey string) (interactionRecord, bool) {

@@ -638,3 +638,29 @@ func TestGatewayZombie(t *testing.T) {
 		t.Errorf("%d IDENTIFYs, want the session resumed", n)
 	}
 }
+
+// TestDeliveryReplyAnchor: in a guild channel the first part of a reply
+// references its anchor (fail_if_not_exists false, the replied user not
+// pinged), the later parts do not; a DM reply and a reply whose anchor is
+// not a Discord message id are plain messages.
+func TestDeliveryReplyAnchor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.StartDelivery(discord.DeliveryConfig(b.adapter.Sender()), nil)
+	const anchor = "1400000000000000077"
+	b.PublishAnchoredReply(session.PlatformDiscord, "d5:1", session.ChatChannel, guildChan, "", anchor, strings.Repeat("word ", 500))
+	b.PublishAnchoredReply(session.PlatformDiscord, "d5:2", session.ChatDM, dmChannel, "", anchor, "in the DM")
+	b.PublishAnchoredReply(session.PlatformDiscord, "d5:3", session.ChatChannel, guildChan, "", "telegram-55", "foreign anchor")
+	sent := b.waitSent(4)
+	if s := sent[0]; s.ReplyTo != anchor || s.FailIfNotExists == nil || *s.FailIfNotExists || s.RepliedUser {
+		t.Errorf("first part: reply_to %q, fail_if_not_exists %v, replied_user %v", s.ReplyTo, s.FailIfNotExists, s.RepliedUser)
+	}
+	for _, s := range sent[1:] {
+		if s.ReplyTo != "" {
+			t.Errorf("%.20q carries a message_reference to %q", s.Content, s.ReplyTo)
+		}
+	}
+	if sent[2].Content != "in the DM" || sent[3].Content != "foreign anchor" {
+		t.Errorf("sent %q, %q", sent[2].Content, sent[3].Content)
+	}
+}

@@ -121,6 +121,25 @@ func (e *Env) PublishReply(platform session.Platform, id, chat, thread, text str
 	}
 }
 
+// PublishAnchoredReply puts a reply of a chat of chatType (dm, group,
+// channel, thread) into the outbox, answering message anchor (its
+// session.Reply.ReplyTo), with id as its Msg-Id.
+func (e *Env) PublishAnchoredReply(platform session.Platform, id, chatType, chat, thread, anchor, text string) {
+	e.t.Helper()
+	src := session.SessionSource{Platform: platform, ChatID: chat, ChatType: chatType, ThreadID: thread}
+	key := session.BuildSessionKey(src, session.DefaultKeyOptions())
+	rep := session.Reply{ID: id, SessionKey: key, SessionID: "20261123_120000_abcdef01", Kind: session.ReplyKindReply, Text: text,
+		Platform: platform, ChatID: chat, ThreadID: thread, ReplyTo: anchor, CreatedAt: time.Now().UTC()}
+	data, _ := json.Marshal(rep)
+	msg := nats.NewMsg(e.Names.OutboxSubject(string(platform), session.LaneToken(key)))
+	msg.Data = data
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	if _, err := e.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(id)); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // StartDelivery runs a PlatformDelivery of cfg until the test ends, with
 // the env's names, no per-chat pacing and a 50ms first backoff (mod may
 // change any of it).

@@ -348,8 +348,11 @@ func (a *Adapter) Sender() ingress.Sender { return sender{a} }
 
 type sender struct{ a *Adapter }
 
-// Send posts text to the reply's chat, in its forum topic. A group that
-// became a supergroup is followed to its new id once.
+// Send posts text to the reply's chat, in its forum topic, as a reply to
+// t.ReplyTo when that is a Telegram message id (message ids are per chat:
+// the anchor is one of the reply's chat, the chat its turn came from). A
+// group that became a supergroup is followed to its new id once, without
+// the anchor (an id of the old chat).
 func (s sender) Send(ctx context.Context, t ingress.Target, text string) error {
 	var thread int64
 	if t.ThreadID != "" {
@@ -359,10 +362,14 @@ func (s sender) Send(ctx context.Context, t ingress.Target, text string) error {
 		}
 		thread = n
 	}
-	err := s.a.client.SendMessage(ctx, t.ChatID, thread, text)
+	var replyTo int64
+	if n, err := strconv.ParseInt(t.Anchor(""), 10, 64); err == nil && n > 0 {
+		replyTo = n
+	}
+	err := s.a.client.SendMessage(ctx, t.ChatID, thread, replyTo, text)
 	var ae *APIError
 	if errors.As(err, &ae) && ae.MigrateTo != 0 {
-		err = s.a.client.SendMessage(ctx, strconv.FormatInt(ae.MigrateTo, 10), thread, text)
+		err = s.a.client.SendMessage(ctx, strconv.FormatInt(ae.MigrateTo, 10), thread, 0, text)
 	}
 	if err != nil {
 		return sendError(err)

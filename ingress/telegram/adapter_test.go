@@ -511,3 +511,29 @@ func TestPollerSingleton(t *testing.T) {
 		t.Error("the poller did not delete the webhook first")
 	}
 }
+
+// TestDeliveryReplyAnchor: in a group the first part of a reply is a reply
+// to its anchor (reply_parameters, allowed without the original), the
+// later parts are not; a DM reply and a reply whose anchor is not a
+// Telegram message id are plain messages.
+func TestDeliveryReplyAnchor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startDelivery(nil)
+	long := strings.Repeat("word ", 1000) // two parts
+	b.PublishAnchoredReply(session.PlatformTelegram, "s1:1", session.ChatGroup, "-100200", "", "55", long)
+	b.PublishAnchoredReply(session.PlatformTelegram, "s1:2", session.ChatDM, "123", "", "56", "in the DM")
+	b.PublishAnchoredReply(session.PlatformTelegram, "s1:3", session.ChatGroup, "-100200", "", "C0:1700000000.000100", "foreign anchor")
+	sent := b.waitSent(4)
+	if sent[0].ReplyTo != 55 || !sent[0].AllowWithoutReply {
+		t.Errorf("first part: reply_to %d, allow_sending_without_reply %v", sent[0].ReplyTo, sent[0].AllowWithoutReply)
+	}
+	for _, s := range sent[1:] {
+		if s.ReplyTo != 0 {
+			t.Errorf("%q... carries reply_to %d", s.Text[:min(len(s.Text), 20)], s.ReplyTo)
+		}
+	}
+	if sent[2].Text != "in the DM" || sent[3].Text != "foreign anchor" {
+		t.Errorf("sent %q, %q", sent[2].Text, sent[3].Text)
+	}
+}

@@ -201,17 +201,27 @@ func (c *Client) DeleteWebhook(ctx context.Context) error {
 
 // SendMessage posts plain text (no parse mode: the agent's Markdown is
 // shown as written, never refused as malformed entities) to chat, in the
-// forum topic thread when not 0.
-func (c *Client) SendMessage(ctx context.Context, chat string, thread int64, text string) error {
-	_, err := c.PostMessage(ctx, chat, thread, text)
+// forum topic thread when not 0, as a reply to message replyTo of the chat
+// when not 0 (reply_parameters with allow_sending_without_reply: a deleted
+// anchor gives a plain message, not an error).
+func (c *Client) SendMessage(ctx context.Context, chat string, thread, replyTo int64, text string) error {
+	_, err := c.postMessage(ctx, chat, thread, replyTo, text)
 	return err
 }
 
-// PostMessage is SendMessage that returns the new message's message_id.
+// PostMessage posts text to chat (in topic thread when not 0) and returns
+// the new message's message_id.
 func (c *Client) PostMessage(ctx context.Context, chat string, thread int64, text string) (int64, error) {
+	return c.postMessage(ctx, chat, thread, 0, text)
+}
+
+func (c *Client) postMessage(ctx context.Context, chat string, thread, replyTo int64, text string) (int64, error) {
 	params := map[string]any{"chat_id": chat, "text": text}
 	if thread != 0 {
 		params["message_thread_id"] = thread
+	}
+	if replyTo != 0 {
+		params["reply_parameters"] = map[string]any{"message_id": replyTo, "allow_sending_without_reply": true}
 	}
 	var msg struct {
 		MessageID int64 `json:"message_id"`

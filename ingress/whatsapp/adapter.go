@@ -316,7 +316,7 @@ func (a *Adapter) handleMessage(ctx context.Context, v *Value, m *Message) (ingr
 	if now := a.cfg.Now(); at.IsZero() || at.After(now) {
 		at = now
 	}
-	if err := a.touchWindow(ctx, acc.SessionKey, at); err != nil {
+	if err := a.touchWindow(ctx, acc.SessionKey, at, m.ID); err != nil {
 		// The message is stored; without the record the window check fails
 		// closed, so ask for the retry that writes it (a duplicate then).
 		return ingress.Accepted{}, fmt.Errorf("%w: window record: %w", ingress.ErrUnavailable, err)
@@ -326,9 +326,12 @@ func (a *Adapter) handleMessage(ctx context.Context, v *Value, m *Message) (ingr
 	return acc, nil
 }
 
-// windowRecord is the last time the user of a lane wrote.
+// windowRecord is the last time the user of a lane wrote, and the wamid of
+// that newest message (a reply to an older one quotes it, see
+// ingress.Target.Anchor).
 type windowRecord struct {
 	LastInbound time.Time `json:"last_inbound"`
+	LastID      string    `json:"last_id,omitempty"`
 }
 
 // WindowKey is the key of a lane's window record in the delivered bucket.
@@ -336,12 +339,15 @@ func WindowKey(sessionKey string) string {
 	return string(session.PlatformWhatsApp) + "._window." + session.LaneToken(sessionKey)
 }
 
-func (a *Adapter) touchWindow(ctx context.Context, sessionKey string, at time.Time) error {
+// touchWindow records message id, sent at at, as the lane's newest unless
+// the record has a later one (WhatsApp timestamps are in seconds: of two
+// messages of one second, the later to arrive counts as the newer).
+func (a *Adapter) touchWindow(ctx context.Context, sessionKey string, at time.Time, id string) error {
 	key := WindowKey(sessionKey)
-	if last, err := a.lastInbound(ctx, key); err == nil && !last.Before(at) {
+	if last, err := a.lastInbound(ctx, key); err == nil && (last.LastInbound.After(at) || (last.LastInbound.Equal(at) && (last.LastID == id || id == ""))) {
 		return nil
 	}
-	data, _ := json.Marshal(windowRecord{LastInbound: at.UTC()})
+	data, _ := json.Marshal(windowRecord{LastInbound: at.UTC(), LastID: id})
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	_, err := a.res.Delivered.Put(pctx, key, data)
@@ -349,18 +355,18 @@ func (a *Adapter) touchWindow(ctx context.Context, sessionKey string, at time.Ti
 }
 
 // lastInbound reads a window record; jetstream.ErrKeyNotFound when none.
-func (a *Adapter) lastInbound(ctx context.Context, key string) (time.Time, error) {
+func (a *Adapter) lastInbound(ctx context.Context, key string) (windowRecord, error) {
 	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	e, err := a.res.Delivered.Get(gctx, key)
 	if err != nil {
-		return time.Time{}, err
+		return windowRecord{}, err
 	}
 	var r windowRecord
 	if err := json.Unmarshal(e.Value(), &r); err != nil {
-		return time.Time{}, jetstream.ErrKeyNotFound
+		return windowRecord{}, jetstream.ErrKeyNotFound
 	}
-	return r.LastInbound, nil
+	return r, nil
 }
 
 // StatusEvent is the event recorded for a status callback.

@@ -540,3 +540,30 @@ func TestMediaLinks(t *testing.T) {
 		t.Errorf("unknown media: %d, want 404", status)
 	}
 }
+
+// TestDeliveryReplyAnchor: in a DM a reply quotes its anchor (context) only
+// when the user has written since (the anchor is not their newest message),
+// on the first part only; a reply to the newest message and a reply whose
+// anchor is not a wamid are plain messages.
+func TestDeliveryReplyAnchor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.open() // the newest message is text.json's
+	const newest, older = "wamid.HBgLMTY1MDM4Nzk0MzkVAgASGBQzQTRBNjU5OUFFRTAzODEwMTQ0RgA=", "wamid.OLDER0001"
+	b.StartDelivery(whatsapp.DeliveryConfig(b.adapter.Sender()), nil)
+	b.PublishAnchoredReply(session.PlatformWhatsApp, "w5:1", session.ChatDM, sheena, "", older, strings.Repeat("word ", 1000))
+	b.PublishAnchoredReply(session.PlatformWhatsApp, "w5:2", session.ChatDM, sheena, "", newest, "to the newest")
+	b.PublishAnchoredReply(session.PlatformWhatsApp, "w5:3", session.ChatDM, sheena, "", "-100200:55", "foreign anchor")
+	sent := b.waitSent(4)
+	if sent[0].ReplyTo != older {
+		t.Errorf("first part: context %q", sent[0].ReplyTo)
+	}
+	for _, s := range sent[1:] {
+		if s.ReplyTo != "" {
+			t.Errorf("%.20q carries context %q", s.Text, s.ReplyTo)
+		}
+	}
+	if sent[2].Text != "to the newest" || sent[3].Text != "foreign anchor" {
+		t.Errorf("sent %q, %q", sent[2].Text, sent[3].Text)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -64,7 +65,8 @@ func (s sender) Send(ctx context.Context, t ingress.Target, text string) error {
 	if a.cfg.AccessToken == "" || a.cfg.PhoneNumberID == "" {
 		return &ingress.SendError{Permanent: true, Err: errors.New("whatsapp: access_token and phone_number_id must be set to send")}
 	}
-	last, err := a.lastInbound(ctx, WindowKey(t.SessionKey))
+	rec, err := a.lastInbound(ctx, WindowKey(t.SessionKey))
+	last := rec.LastInbound
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 		return &ingress.SendError{Permanent: true, Err: fmt.Errorf("%w: the user has not written to this number; only a template message can reach them", ErrOutsideWindow)}
@@ -75,21 +77,32 @@ func (s sender) Send(ctx context.Context, t ingress.Target, text string) error {
 		return &ingress.SendError{Permanent: true, Err: fmt.Errorf("%w: the user last wrote at %s (%s ago); only a template message can reach them",
 			ErrOutsideWindow, last.Format(time.RFC3339), age.Truncate(time.Minute))}
 	}
-	if _, err := a.sendText(ctx, t.ChatID, text); err != nil {
+	// A quote of the anchor when the user has written since (a DM); an id
+	// that is not a wamid is not WhatsApp's.
+	replyTo := t.Anchor(rec.LastID)
+	if !strings.HasPrefix(replyTo, "wamid.") {
+		replyTo = ""
+	}
+	if _, err := a.sendText(ctx, t.ChatID, replyTo, text); err != nil {
 		return sendError(err)
 	}
 	return nil
 }
 
-// sendText posts a text message and returns its wamid.
-func (a *Adapter) sendText(ctx context.Context, to, text string) (string, error) {
-	body, _ := json.Marshal(map[string]any{
+// sendText posts a text message, as a reply to message replyTo (a wamid)
+// when not empty, and returns its wamid.
+func (a *Adapter) sendText(ctx context.Context, to, replyTo, text string) (string, error) {
+	msg := map[string]any{
 		"messaging_product": "whatsapp",
 		"recipient_type":    "individual",
 		"to":                to,
 		"type":              "text",
 		"text":              map[string]any{"preview_url": false, "body": text},
-	})
+	}
+	if replyTo != "" {
+		msg["context"] = map[string]any{"message_id": replyTo}
+	}
+	body, _ := json.Marshal(msg)
 	u := a.cfg.APIBase + "/" + url.PathEscape(a.cfg.PhoneNumberID) + "/messages"
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
 	if err != nil {

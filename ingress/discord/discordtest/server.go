@@ -44,6 +44,12 @@ type Sent struct {
 	FollowupToken string
 	Content       string
 	At            time.Time
+	// ReplyTo is message_reference.message_id ("" without one);
+	// FailIfNotExists its fail_if_not_exists (nil when left out: Discord
+	// reads that as true). RepliedUser is allowed_mentions.replied_user.
+	ReplyTo         string
+	FailIfNotExists *bool
+	RepliedUser     bool
 }
 
 // Failure is a scripted answer to the next message post.
@@ -260,7 +266,14 @@ func apiError(w http.ResponseWriter, status, code int, msg string) {
 func (s *Server) post(w http.ResponseWriter, r *http.Request, sent Sent) {
 	data, _ := io.ReadAll(r.Body)
 	var body struct {
-		Content string `json:"content"`
+		Content          string `json:"content"`
+		MessageReference *struct {
+			MessageID       string `json:"message_id"`
+			FailIfNotExists *bool  `json:"fail_if_not_exists"`
+		} `json:"message_reference"`
+		AllowedMentions *struct {
+			RepliedUser bool `json:"replied_user"`
+		} `json:"allowed_mentions"`
 	}
 	if json.Unmarshal(data, &body) != nil || body.Content == "" {
 		apiError(w, http.StatusBadRequest, 50006, "Cannot send an empty message")
@@ -273,6 +286,11 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request, sent Sent) {
 		return
 	}
 	sent.Content, sent.At = body.Content, time.Now()
+	if r := body.MessageReference; r != nil {
+		sent.ReplyTo, sent.FailIfNotExists = r.MessageID, r.FailIfNotExists
+	}
+	// Without allowed_mentions a reply pings the replied-to user.
+	sent.RepliedUser = body.AllowedMentions == nil || body.AllowedMentions.RepliedUser
 	s.mu.Lock()
 	s.attempts = append(s.attempts, sent)
 	if len(s.failures) > 0 {

@@ -33,6 +33,10 @@ type Sent struct {
 	ThreadID  int64
 	Text      string
 	At        time.Time
+	// ReplyTo and AllowWithoutReply are the reply_parameters' message_id
+	// and allow_sending_without_reply (0 and false without them).
+	ReplyTo           int64
+	AllowWithoutReply bool
 }
 
 // Failure is a scripted answer to the next sendMessage call.
@@ -292,6 +296,10 @@ func (s *Server) getUpdates(w http.ResponseWriter, r *http.Request, params map[s
 func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request, params map[string]any) {
 	msg := Sent{ChatID: fmt.Sprint(params["chat_id"]), ThreadID: int64(num(params["message_thread_id"])), At: time.Now()}
 	msg.Text, _ = params["text"].(string)
+	if rp, ok := params["reply_parameters"].(map[string]any); ok {
+		msg.ReplyTo = int64(num(rp["message_id"]))
+		msg.AllowWithoutReply, _ = rp["allow_sending_without_reply"].(bool)
+	}
 	s.mu.Lock()
 	s.attempts = append(s.attempts, msg)
 	var f *Failure

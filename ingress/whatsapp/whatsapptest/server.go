@@ -30,6 +30,8 @@ type Sent struct {
 	Text string
 	ID   string
 	At   time.Time
+	// ReplyTo is context.message_id, the wamid the message replies to.
+	ReplyTo string
 }
 
 // Failure is a scripted answer to the next send.
@@ -162,6 +164,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		Text    struct {
 			Body string `json:"body"`
 		} `json:"text"`
+		Context struct {
+			MessageID string `json:"message_id"`
+		} `json:"context"`
 	}
 	if err := json.Unmarshal(data, &req); err != nil || req.Product != "whatsapp" || req.To == "" || req.Type != "text" {
 		graphError(w, http.StatusBadRequest, 100, "(#100) Invalid parameter")
@@ -188,7 +193,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	s.n++
 	id := fmt.Sprintf("wamid.TEST%08d", s.n)
-	s.sent = append(s.sent, Sent{To: req.To, Text: req.Text.Body, ID: id, At: time.Now()})
+	s.sent = append(s.sent, Sent{To: req.To, Text: req.Text.Body, ID: id, At: time.Now(), ReplyTo: req.Context.MessageID})
 	s.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{
