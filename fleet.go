@@ -94,7 +94,7 @@ func WorkerConfig(s config.Config, id string, b agent.Backend, restart bool, log
 	}
 	return worker.Config{
 		ID: id, Names: names, Backend: b,
-		LeaseTTL: s.Lease.TTL.Duration(), LeaseMargin: s.Lease.Margin.Duration(),
+		LeaseTTL: s.Lease.TTL.Duration(), LeaseMargin: s.Lease.Margin.Duration(), LivenessTTL: s.Lease.LivenessTTL.Duration(),
 		Linger: s.Worker.Linger.Duration(), MaxLanes: s.Worker.Lanes, MaxTurns: s.Worker.Turns,
 		MaxTurnMessages: s.Worker.MaxTurnMessages, MaxTurnBytes: s.Worker.MaxTurnBytes, BusyMode: s.Worker.BusyMode,
 		GatewayTimeout: s.Agent.GatewayTimeout.Duration(), Freshness: s.Agent.GatewayAutoContinueFreshness.Duration(),

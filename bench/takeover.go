@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/ingress"
 	"github.com/agentfleet/agentfleet/session"
 )
@@ -56,7 +57,10 @@ type TakeoverResult struct {
 	Min     time.Duration   `json:"min_ns"`
 	Max     time.Duration   `json:"max_ns"`
 	Mean    time.Duration   `json:"mean_ns"`
-	// Goal is the lease TTL + 1 s.
+	// LivenessTTL is the workers' liveness lease TTL (the default: the
+	// bench does not set it).
+	LivenessTTL time.Duration `json:"liveness_ttl_ns"`
+	// Goal is GoalTakeoverP99.
 	Goal    time.Duration   `json:"goal_ns"`
 	Rounds  []TakeoverRound `json:"rounds"`
 	LoadAvg string          `json:"load_avg,omitempty"`
@@ -134,7 +138,7 @@ func Takeover(ctx context.Context, opts Options, to TakeoverOptions) (TakeoverRe
 	}
 	defer fleet.killAll()
 
-	out := TakeoverResult{Workers: o.Workers, LeaseTTL: o.LeaseTTL, Kills: to.Kills, KillSpread: to.KillSpread, Goal: o.LeaseTTL + time.Second, LoadAvg: loadAvg()}
+	out := TakeoverResult{Workers: o.Workers, LeaseTTL: o.LeaseTTL, Kills: to.Kills, KillSpread: to.KillSpread, LivenessTTL: broker.DefaultLivenessTTL, Goal: GoalTakeoverP99, LoadAvg: loadAvg()}
 	var round atomic.Int64
 	var resumed atomic.Int64
 	stopProgress := startProgress(o, func() Progress {

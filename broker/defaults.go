@@ -11,4 +11,9 @@ const (
 	// DefaultLeaseMargin is how long before its lease could expire an
 	// owner stops writing.
 	DefaultLeaseMargin = 2 * time.Second
+	// DefaultLivenessTTL is the TTL of a worker's liveness lease, judged
+	// by the server; the worker renews it every quarter of it. A lane
+	// lease is void once its owner's liveness lease is gone, so this,
+	// not DefaultLeaseTTL, bounds how long a dead worker's lanes wait.
+	DefaultLivenessTTL = 2 * time.Second
 )

@@ -232,7 +232,8 @@ func (n Names) SessionsBucket() string { return n.prefix + "_sessions" }
 // SessionIDsBucket maps session ids to the lane token that owns them.
 func (n Names) SessionIDsBucket() string { return n.prefix + "_sessionids" }
 
-// LeasesBucket holds lane leases (and the expiry-watcher lease) with per-key TTLs.
+// LeasesBucket holds lane leases, the expiry-watcher lease and the
+// workers' liveness leases (keys _live.*), with per-key TTLs.
 func (n Names) LeasesBucket() string { return n.prefix + "_leases" }
 
 // MsgIDsBucket keeps platform message ids for their retry horizon.

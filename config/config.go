@@ -737,6 +737,14 @@ type LeaseConfig struct {
 	//
 	// Defaults to 2s.
 	Margin Duration `yaml:"margin" json:"margin"`
+
+	// LivenessTTL is the server-side lifetime of a worker's liveness
+	// lease, renewed every LivenessTTL/4. Lane leases are bound to it: once
+	// it is gone, the worker's lanes may be taken over. Whole seconds, at
+	// least 1s.
+	//
+	// Defaults to 2s.
+	LivenessTTL Duration `yaml:"liveness_ttl" json:"liveness_ttl"`
 }
 
 // Busy modes (WorkerConfig.BusyMode).
@@ -919,8 +927,9 @@ func Default() Config {
 			Sync:    SyncDefault,
 		},
 		Lease: LeaseConfig{
-			TTL:    Duration(broker.DefaultLeaseTTL),
-			Margin: Duration(broker.DefaultLeaseMargin),
+			TTL:         Duration(broker.DefaultLeaseTTL),
+			Margin:      Duration(broker.DefaultLeaseMargin),
+			LivenessTTL: Duration(broker.DefaultLivenessTTL),
 		},
 		Worker: WorkerConfig{
 			Lanes:           64,

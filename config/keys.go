@@ -49,6 +49,16 @@ const (
 	kindList = "list"
 )
 
+// wholeSeconds accepts a duration of whole seconds, at least 1s (the
+// server's per-message TTL is in seconds).
+func wholeSeconds(v any) string {
+	d := v.(Duration)
+	if d.Duration() < time.Second || d.Duration()%time.Second != 0 {
+		return fmt.Sprintf("%q must be whole seconds, at least 1s", d.String())
+	}
+	return ""
+}
+
 // minLeaseTTL is the shortest lease.ttl accepted.
 const minLeaseTTL = 3 * time.Second
 
@@ -311,6 +321,9 @@ func buildKeys() []key {
 		field("lease.margin",
 			"The owner stops making durable changes this long before its lease could expire. Positive, below ttl/2.",
 			func(c *Config) *Duration { return &c.Lease.Margin }, minDuration(time.Millisecond)),
+		field("lease.liveness_ttl",
+			"Server-side lifetime of a worker's liveness lease, renewed every liveness_ttl/4. A lane lease is good only while its owner's liveness lease lives, so a dead worker's lanes are taken over about this long after it died. Whole seconds, at least 1s.",
+			func(c *Config) *Duration { return &c.Lease.LivenessTTL }, wholeSeconds),
 		key{
 			path: "worker.id", kind: kindString, def: "<hostname>-<pid>",
 			desc:  "Name of this worker in leases and logs. Empty: `<hostname>-<pid>`, computed at start. No spaces.",

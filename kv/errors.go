@@ -34,6 +34,8 @@ type HeldError struct {
 	// clock it is an estimate, good for scheduling a retry, never for
 	// deciding who owns the lane.
 	Expires time.Time
+	// live is the liveness epoch the held lease is bound to (0: unbound).
+	live uint64
 }
 
 func (e *HeldError) Error() string {

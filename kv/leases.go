@@ -2,10 +2,13 @@ package kv
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -38,7 +41,25 @@ type Lease struct {
 	// Renewed is the local monotonic time of the last confirmed write; the
 	// owner stops itself once Renewed + TTL − margin has passed.
 	Renewed time.Time
+	// Live is the epoch of the owner's liveness lease the lease is bound
+	// to, 0 when unbound.
+	Live uint64
+	// TookOver is set when the lease was taken over from an owner whose
+	// liveness lease was gone, rather than created on a free key.
+	TookOver bool
 }
+
+// LivenessKey is the leases-bucket key of an owner's liveness lease: a
+// short-lived lease every worker renews while it runs, to which its lane
+// leases are bound. Owner ids are unique per process, so one key names one
+// incarnation.
+func LivenessKey(owner string) string {
+	sum := sha256.Sum256([]byte(owner))
+	return LivenessKeyPrefix + hex.EncodeToString(sum[:12])
+}
+
+// LivenessKeyPrefix starts every liveness key.
+const LivenessKeyPrefix = "_live."
 
 // leaseValue is what the lease key holds. A Create writes no epoch (its own
 // revision is the epoch); a renewal writes the epoch it renews, so a later
@@ -47,6 +68,10 @@ type leaseValue struct {
 	Owner string `json:"owner"`
 	Epoch uint64 `json:"epoch,omitempty"`
 	TTLMS int64  `json:"ttl_ms"`
+	// Live is the epoch of the owner's liveness lease this lease is bound
+	// to (0: unbound). A bound lease is void once that liveness lease is
+	// gone: another owner may then take it over (see AcquireBound).
+	Live uint64 `json:"live,omitempty"`
 }
 
 // epochOf returns the epoch of the lease a key value at rev belongs to.
@@ -91,13 +116,98 @@ func (l *Leases) writeCtx(ctx context.Context) (context.Context, context.CancelF
 // included, e.g. a previous incarnation) gives a *HeldError. Only the server
 // decides whether the lane is free: no local clock is consulted.
 func (l *Leases) Acquire(ctx context.Context, lane, owner string) (*Lease, error) {
-	data, _ := json.Marshal(leaseValue{Owner: owner, TTLMS: l.ttl.Milliseconds()})
+	return l.AcquireBound(ctx, lane, owner, 0)
+}
+
+// AcquireBound is Acquire for a lease bound to the owner's liveness lease
+// of epoch live (see LivenessKey): the owner writes under it only while
+// that liveness lease lives (or after rebinding it to a new one by a
+// renewal). A key held under a bound lease whose owner has no liveness
+// lease at all (it died) is taken over by a conditional write on the key's
+// revision: the write's revision is the new epoch, higher than every
+// earlier one, and the old owner's renewals fail on the revision check from
+// then on.
+func (l *Leases) AcquireBound(ctx context.Context, lane, owner string, live uint64) (*Lease, error) {
+	for attempt := 1; ; attempt++ {
+		lease, hrev, held, err := l.acquire(ctx, lane, owner, live)
+		if err == nil || held == nil || held.Owner == "" || attempt > maxLeaseConflicts {
+			return lease, err
+		}
+		if held.live == 0 {
+			return nil, err
+		}
+		alive, aerr := l.alive(ctx, held.Owner)
+		if aerr != nil || alive {
+			return nil, err
+		}
+		lease, err = l.takeOver(ctx, lane, owner, live, hrev)
+		if err == nil || !isConflict(err) {
+			return lease, err
+		}
+		// The key moved under us (renewed, released, taken): look again.
+	}
+}
+
+// alive reports whether owner has a liveness lease, of any epoch: owner
+// ids name one process, so the process is alive. An owner that lost its
+// liveness lease (a stall) and took a new one rebinds its lane leases to the
+// new epoch itself; only an owner with none at all is taken over.
+func (l *Leases) alive(ctx context.Context, owner string) (bool, error) {
+	v, _, err := l.value(ctx, LivenessKey(owner))
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return v.Owner == owner, nil
+}
+
+// OwnerAlive reports whether owner has a liveness lease.
+func (l *Leases) OwnerAlive(ctx context.Context, owner string) (bool, error) {
+	return l.alive(ctx, owner)
+}
+
+// takeOver writes a fresh lease for owner over the key's revision hrev.
+func (l *Leases) takeOver(ctx context.Context, lane, owner string, live, hrev uint64) (*Lease, error) {
+	data, _ := json.Marshal(leaseValue{Owner: owner, TTLMS: l.ttl.Milliseconds(), Live: live})
+	msg := nats.NewMsg("$KV." + l.bucket + "." + lane)
+	msg.Data = data
+	wctx, cancel := l.writeCtx(ctx)
+	defer cancel()
+	start := time.Now()
+	ack, err := l.js.PublishMsg(wctx, msg, jetstream.WithExpectLastSequencePerSubject(hrev), jetstream.WithMsgTTL(l.ttl))
+	if err == nil {
+		return &Lease{Lane: lane, Owner: owner, Epoch: ack.Sequence, Rev: ack.Sequence, Renewed: start, Live: live, TookOver: true}, nil
+	}
+	if isAmbiguous(err) {
+		v, rev, herr := l.value(ctx, lane)
+		if herr == nil && v.Owner == owner && v.Epoch == 0 && v.Live == live {
+			return &Lease{Lane: lane, Owner: owner, Epoch: rev, Rev: rev, Renewed: start, Live: live, TookOver: true}, nil
+		}
+	}
+	return nil, fmt.Errorf("take over lease %s: %w", lane, err)
+}
+
+// acquire is one attempt of AcquireBound without the takeover; a held key
+// gives its revision and a *HeldError.
+func (l *Leases) acquire(ctx context.Context, lane, owner string, live uint64) (*Lease, uint64, *HeldError, error) {
+	lease, hrev, err := l.create(ctx, lane, owner, live)
+	var held *HeldError
+	if errors.As(err, &held) {
+		return nil, hrev, held, err
+	}
+	return lease, 0, nil, err
+}
+
+func (l *Leases) create(ctx context.Context, lane, owner string, live uint64) (*Lease, uint64, error) {
+	data, _ := json.Marshal(leaseValue{Owner: owner, TTLMS: l.ttl.Milliseconds(), Live: live})
 	wctx, cancel := l.writeCtx(ctx)
 	defer cancel()
 	start := time.Now()
 	rev, err := l.kv.Create(wctx, lane, data, jetstream.KeyTTL(l.ttl))
 	if err == nil {
-		return &Lease{Lane: lane, Owner: owner, Epoch: rev, Rev: rev, Renewed: start}, nil
+		return &Lease{Lane: lane, Owner: owner, Epoch: rev, Rev: rev, Renewed: start, Live: live}, 0, nil
 	}
 	if isConflict(err) {
 		v, hrev, at, herr := l.valueAt(ctx, lane)
@@ -106,13 +216,13 @@ func (l *Leases) Acquire(ctx context.Context, lane, owner string) (*Lease, error
 			if ttl <= 0 {
 				ttl = l.ttl
 			}
-			return nil, &HeldError{Lane: lane, Owner: v.Owner, Rev: hrev, Expires: at.Add(ttl)}
+			return nil, hrev, &HeldError{Lane: lane, Owner: v.Owner, Rev: hrev, Expires: at.Add(ttl), live: v.Live}
 		}
 		if errors.Is(herr, ErrNotFound) {
 			// Expired between the two calls: the caller may simply retry.
-			return nil, &HeldError{Lane: lane}
+			return nil, 0, &HeldError{Lane: lane}
 		}
-		return nil, herr
+		return nil, 0, herr
 	}
 	if isAmbiguous(err) {
 		v, hrev, herr := l.value(ctx, lane)
@@ -120,11 +230,11 @@ func (l *Leases) Acquire(ctx context.Context, lane, owner string) (*Lease, error
 			// Our create landed (a value without an epoch is a create, and
 			// nobody else writes our owner id), unrenewed: its revision
 			// is the epoch.
-			return &Lease{Lane: lane, Owner: owner, Epoch: hrev, Rev: hrev, Renewed: start}, nil
+			return &Lease{Lane: lane, Owner: owner, Epoch: hrev, Rev: hrev, Renewed: start, Live: live}, 0, nil
 		}
-		return nil, fmt.Errorf("acquire lease %s: %w", lane, err)
+		return nil, 0, fmt.Errorf("acquire lease %s: %w", lane, err)
 	}
-	return nil, fmt.Errorf("acquire lease %s: %w", lane, err)
+	return nil, 0, fmt.Errorf("acquire lease %s: %w", lane, err)
 }
 
 // Renew extends the lease by a fresh TTL, only if the key still holds this
@@ -138,7 +248,7 @@ func (l *Leases) Acquire(ctx context.Context, lane, owner string) (*Lease, error
 // server refuses a write with 10164 while another write of the key is in
 // flight, even one of ours (the key holds our epoch: try again).
 func (l *Leases) Renew(ctx context.Context, lease *Lease) error {
-	data, _ := json.Marshal(leaseValue{Owner: lease.Owner, Epoch: lease.Epoch, TTLMS: l.ttl.Milliseconds()})
+	data, _ := json.Marshal(leaseValue{Owner: lease.Owner, Epoch: lease.Epoch, TTLMS: l.ttl.Milliseconds(), Live: lease.Live})
 	for attempt := 1; ; attempt++ {
 		msg := nats.NewMsg("$KV." + l.bucket + "." + lease.Lane)
 		msg.Data = data
@@ -280,4 +390,55 @@ func (l *Leases) Live(ctx context.Context) (map[string]struct{}, error) {
 			held[e.Key()] = struct{}{}
 		}
 	}
+}
+
+// Orphans returns the keys of the live bound leases whose owner has no
+// liveness lease: leases of dead owners, which AcquireBound takes over. With
+// liveKey set, only the leases of the owner of that liveness key are
+// looked at (the owner whose liveness lease just expired). Keys starting
+// with '_' (the watcher's, liveness keys) are skipped. One watch of the
+// bucket's last values, plus one read per distinct owner.
+func (l *Leases) Orphans(ctx context.Context, liveKey string) ([]string, error) {
+	watch, err := l.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("list leases: %w", err)
+	}
+	defer stopWatch(watch)
+	lanes := map[string][]string{} // owner -> lanes
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-watch.Updates():
+			if !ok {
+				return nil, errors.New("list leases: watch closed before the initial values were read")
+			}
+			if e == nil {
+				done = true
+				break
+			}
+			if strings.HasPrefix(e.Key(), "_") {
+				continue
+			}
+			var v leaseValue
+			if json.Unmarshal(e.Value(), &v) != nil || v.Live == 0 {
+				continue
+			}
+			if liveKey != "" && LivenessKey(v.Owner) != liveKey {
+				continue
+			}
+			lanes[v.Owner] = append(lanes[v.Owner], e.Key())
+		}
+	}
+	var out []string
+	for owner, keys := range lanes {
+		alive, err := l.alive(ctx, owner)
+		if err != nil {
+			return out, err
+		}
+		if !alive {
+			out = append(out, keys...)
+		}
+	}
+	return out, nil
 }

@@ -39,6 +39,10 @@ type Config struct {
 	// LeaseMargin is how long before its lease could expire an owner stops
 	// writing. Defaults to lease.margin's default (and at most LeaseTTL/3).
 	LeaseMargin time.Duration
+	// LivenessTTL is the TTL of the worker's liveness lease, to which its
+	// lane leases are bound. Defaults to lease.liveness_ttl's default
+	// (broker.DefaultLivenessTTL).
+	LivenessTTL time.Duration
 	// Linger is how long an idle lane stays owned so follow-ups meet a warm
 	// cache. Defaults to worker.linger's default.
 	Linger time.Duration
@@ -127,6 +131,7 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	def(&out.LeaseTTL, d.Lease.TTL.Duration())
 	def(&out.LeaseMargin, d.Lease.Margin.Duration())
+	def(&out.LivenessTTL, d.Lease.LivenessTTL.Duration())
 	if out.LeaseMargin > out.LeaseTTL/3 {
 		out.LeaseMargin = out.LeaseTTL / 3
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -45,6 +46,15 @@ func (w *Worker) watchLeaseExpiries(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	defer it.Stop()
+	var rewakes sync.WaitGroup
+	defer rewakes.Wait()
+	// Markers from before this follow began (a new leader; a restart
+	// after a failure) are not seen: catch up with the lanes of every
+	// worker whose liveness lease is gone.
+	if w.wakeOrphansAs(ctx, "", "") > 0 {
+		rewakes.Add(1)
+		go func() { defer rewakes.Done(); w.rewakeOrphans(ctx, "") }()
+	}
 	for {
 		msg, err := it.Next()
 		if err != nil {
@@ -57,6 +67,15 @@ func (w *Worker) watchLeaseExpiries(ctx context.Context) error {
 			continue
 		}
 		lane := strings.TrimPrefix(msg.Subject(), prefix)
+		if strings.HasPrefix(lane, kv.LivenessKeyPrefix) {
+			// A worker's liveness lease expired: its lane leases are
+			// void, wake its lanes that have work.
+			if w.wakeOrphansAs(ctx, lane, "") > 0 {
+				rewakes.Add(1)
+				go func() { defer rewakes.Done(); w.rewakeOrphans(ctx, lane) }()
+			}
+			continue
+		}
 		if lane == "" || lane == w.names.WatcherLeaseKey() {
 			continue
 		}
@@ -71,15 +90,74 @@ func (w *Worker) watchLeaseExpiries(ctx context.Context) error {
 	}
 }
 
+// wakeOrphansAs wakes the lanes with work whose lease is bound to a
+// liveness lease that is gone (their owner died): those of the owner of
+// liveKey, or of every dead owner when liveKey is empty. The worker that
+// takes the wake-up takes the lease over (kv.Leases.AcquireBound).
+//
+// again is a suffix for the wake-ups' Msg-Ids (rewakeOrphans wakes the same
+// state again). It returns how many lanes it woke.
+func (w *Worker) wakeOrphansAs(ctx context.Context, liveKey, again string) int {
+	n := 0
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	lanes, err := w.leases.Orphans(lctx, liveKey)
+	cancel()
+	if err != nil && ctx.Err() == nil {
+		w.log.Warn("list the lanes of dead workers", "error", err)
+	}
+	for _, lane := range lanes {
+		woke, err := w.wakeLaneAs(ctx, lane, false, again)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			w.log.Warn("wake after the owner's liveness expired", "lane", lane, "error", err)
+		case woke:
+			n++
+			w.log.Info("owner's liveness lease expired with work pending: lane woken", "lane", lane, "again", again != "")
+			w.stats.ExpiryWakes.Add(1)
+		}
+	}
+	return n
+}
+
+// rewakeOrphans wakes once more, after pullExpiry, the lanes of a dead
+// owner (liveKey, or all) that are still not taken over. A worker that is
+// paused or hung rather than dead keeps its connection, and the pull
+// request it had pending may have taken the first wake-up (to be
+// redelivered only after the consumer's AckWait); by now that request has
+// expired, so the second one reaches a live worker.
+func (w *Worker) rewakeOrphans(ctx context.Context, liveKey string) {
+	t := time.NewTimer(pullExpiry + time.Second)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-t.C:
+	}
+	w.wakeOrphansAs(ctx, liveKey, ":again")
+}
+
 // wakeIfStranded publishes an internal wake-up into a lane that no worker
 // holds and that has work (see wakeStranded).
 func (w *Worker) wakeIfStranded(ctx context.Context, lane string) (bool, error) {
+	return w.wakeLane(ctx, lane, true)
+}
+
+// wakeLane is wakeIfStranded; with free=false the lane's lease is not
+// looked at (it is known to be void).
+func (w *Worker) wakeLane(ctx context.Context, lane string, free bool) (bool, error) {
+	return w.wakeLaneAs(ctx, lane, free, "")
+}
+
+// wakeLaneAs is wakeLane with a suffix for the wake-up's Msg-Id.
+func (w *Worker) wakeLaneAs(ctx context.Context, lane string, free bool, again string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, _, err := w.leases.Holder(ctx, lane); err == nil {
-		return false, nil // taken again already: its owner sees the work
-	} else if !errors.Is(err, kv.ErrNotFound) {
-		return false, err
+	if free {
+		if _, _, err := w.leases.Holder(ctx, lane); err == nil {
+			return false, nil // taken again already: its owner sees the work
+		} else if !errors.Is(err, kv.ErrNotFound) {
+			return false, err
+		}
 	}
 	e, _, err := w.store.Get(ctx, lane)
 	switch {
@@ -94,7 +172,7 @@ func (w *Worker) wakeIfStranded(ctx context.Context, lane string) (bool, error) 
 	case err != nil:
 		return false, err
 	}
-	return w.wakeStranded(ctx, lane, e)
+	return w.wakeStrandedAs(ctx, lane, e, again)
 }
 
 // wakeStranded publishes an internal wake-up into a lane, known to have no
@@ -104,6 +182,11 @@ func (w *Worker) wakeIfStranded(ctx context.Context, lane string) (bool, error) 
 // Msg-Id is the same for the sweep and the expiry watch, so the two never
 // wake a lane twice for the same state. It reports whether it woke the lane.
 func (w *Worker) wakeStranded(ctx context.Context, lane string, e *session.SessionEntry) (bool, error) {
+	return w.wakeStrandedAs(ctx, lane, e, "")
+}
+
+// wakeStrandedAs is wakeStranded with a suffix for the wake-up's Msg-Id.
+func (w *Worker) wakeStrandedAs(ctx context.Context, lane string, e *session.SessionEntry, again string) (bool, error) {
 	// A turn in flight, or a session due an automatic resume (marked
 	// resume_pending with no turn: fleetctl session suspend-recent after an
 	// unclean stop of the whole fleet), is work.
@@ -118,7 +201,7 @@ func (w *Worker) wakeStranded(ctx context.Context, lane string, e *session.Sessi
 	if !stranded {
 		return false, nil
 	}
-	if err := w.publishInternal(ctx, lane, e.SessionKey, session.CmdWake, "", WakeMsgID(lane, e.CommittedSeq, e.LeaseEpoch)); err != nil {
+	if err := w.publishInternal(ctx, lane, e.SessionKey, session.CmdWake, "", WakeMsgID(lane, e.CommittedSeq, e.LeaseEpoch)+again); err != nil {
 		return false, err
 	}
 	return true, nil

@@ -87,6 +87,9 @@ type owner struct {
 	lease     *kv.Lease
 	renewedAt atomic.Int64 // nanoseconds since monoBase of the last confirmed renewal
 	lost      atomic.Bool
+	// live is the epoch of the worker's liveness lease the lease is bound
+	// to (the renew loop rebinds it when the worker takes a new one).
+	live      atomic.Uint64
 	renewDone chan struct{}
 	// ctx is the ownership's context; cancel ends it with a cause
 	// (kv.ErrLeaseLost, errHardStop, ...).
@@ -142,6 +145,7 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 	w := o.w
 	o.lease = lease
 	o.lost.Store(false)
+	o.live.Store(lease.Live)
 	o.renewedAt.Store(int64(lease.Renewed.Sub(monoBase)))
 	o.ctx, o.cancel = context.WithCancelCause(w.hardCtx)
 	w.stats.Takeovers.Add(1)
@@ -269,7 +273,7 @@ func (o *owner) appendTo(st *txState, e *transcript.Entry) error {
 		seq, err = o.w.tx.Append(context.WithoutCancel(o.ctx), st.sessionID, st.last, e)
 		// An unknown outcome is resolved by sending the same entry against
 		// the same tail again (the transcript log compares entry ids).
-		if err == nil || !errors.Is(err, transcript.ErrOutcomeUnknown) || attempt >= 5 || !o.alive() {
+		if err == nil || !errors.Is(err, transcript.ErrOutcomeUnknown) || attempt >= 5 || o.checkAlive() != nil {
 			break
 		}
 	}
@@ -313,7 +317,15 @@ func (o *owner) commit(seq uint64) error {
 	return nil
 }
 
+// alive reports whether the owner may write: the lane lease not known
+// lost, its last confirmed renewal recent enough, and the worker's liveness
+// lease it is bound to ours and recent enough (see liveness).
 func (o *owner) alive() bool {
+	return o.leaseFresh() && o.w.live.fresh(o.live.Load())
+}
+
+// leaseFresh is alive without the liveness lease.
+func (o *owner) leaseFresh() bool {
 	if o.lost.Load() {
 		return false
 	}
@@ -321,13 +333,30 @@ func (o *owner) alive() bool {
 	return mono()-o.renewedAt.Load() < deadline
 }
 
-// checkAlive is the self-fence: no write once the lease could have expired.
+// checkAlive is the self-fence: no write once the lease, or the liveness
+// lease it is bound to, could have expired. A liveness lease that is late
+// (a loaded machine) or was lost and replaced (a store stall) is waited
+// for: the write goes ahead once the lease is bound to a fresh liveness
+// lease again (the renew loop rebinds it, which fails if another worker
+// took the lane meanwhile), and is refused once the lane lease itself
+// could have expired or is known lost.
 func (o *owner) checkAlive() error {
-	if !o.alive() {
-		o.cancel(kv.ErrLeaseLost)
-		return kv.ErrLeaseLost
+	for o.leaseFresh() {
+		if o.w.live.fresh(o.live.Load()) {
+			return nil
+		}
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-t.C:
+			continue
+		case <-o.ctx.Done():
+			t.Stop()
+		}
+		break
 	}
-	return nil
+	o.lost.Store(true)
+	o.cancel(kv.ErrLeaseLost)
+	return kv.ErrLeaseLost
 }
 
 // renewLoop renews the lease every TTL/3. InProgress goes out only in the
@@ -340,10 +369,17 @@ func (o *owner) renewLoop(done chan struct{}) {
 	t := time.NewTicker(w.cfg.LeaseTTL / 3)
 	defer t.Stop()
 	for {
+		changed := w.live.changedCh()
 		select {
 		case <-o.ctx.Done():
 			return
 		case <-t.C:
+		case <-changed:
+			if live := w.live.epoch.Load(); live == o.live.Load() || live == 0 {
+				continue
+			}
+			// The worker took a new liveness lease (the old one expired
+			// in a stall): rebind the lane lease to it now.
 		}
 		if ts := o.turnStart.Load(); ts != 0 && time.Duration(mono()-ts) > w.cfg.GatewayTimeout+w.cfg.LeaseTTL {
 			o.log.Error("agent exceeded the gateway timeout and ignores cancellation; letting the lease expire")
@@ -351,8 +387,16 @@ func (o *owner) renewLoop(done chan struct{}) {
 			o.cancel(kv.ErrLeaseLost)
 			return
 		}
+		// A renewal writes the epoch of the worker's current liveness
+		// lease: it rebinds the lease when that changed. It is a CAS on
+		// our last write, so it fails if anyone took the lane meanwhile.
+		live := w.live.epoch.Load()
+		o.lease.Live = live
 		err := w.leases.Renew(o.ctx, o.lease)
 		if err == nil {
+			if old := o.live.Swap(live); old != live {
+				o.log.Info("lane lease bound to the worker's new liveness lease", "live", live, "was", old)
+			}
 			o.renewedAt.Store(int64(o.lease.Renewed.Sub(monoBase)))
 			o.inProgressHeld()
 			continue
@@ -360,6 +404,7 @@ func (o *owner) renewLoop(done chan struct{}) {
 		if errors.Is(err, kv.ErrLeaseLost) {
 			w.cfg.Metrics.LeaseLost(context.Background(), "taken")
 			o.log.Warn("lease lost")
+			w.stats.LeasesLost.Add(1)
 			o.lost.Store(true)
 			o.cancel(kv.ErrLeaseLost)
 			return
@@ -368,7 +413,7 @@ func (o *owner) renewLoop(done chan struct{}) {
 			return
 		}
 		o.log.Warn("renew lease", "error", err)
-		if !o.alive() {
+		if !o.leaseFresh() {
 			w.cfg.Metrics.LeaseLost(context.Background(), "expired")
 			o.lost.Store(true)
 			o.cancel(kv.ErrLeaseLost)

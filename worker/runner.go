@@ -86,10 +86,19 @@ func (l *lane) run() {
 			l.nakHeld(0)
 			return
 		}
-		lease, err := l.w.leases.Acquire(ctx, l.lane, l.w.owner)
+		live := l.w.live.epoch.Load()
+		if !l.w.live.fresh(live) {
+			// No liveness lease to bind a lane lease to (yet, or lost):
+			// leave the lane to others for now.
+			l.log.Debug("no fresh liveness lease: lane handed back")
+			l.nakHeld(time.Second)
+			return
+		}
+		lease, err := l.w.leases.AcquireBound(ctx, l.lane, l.w.owner, live)
 		var held *kv.HeldError
 		if errors.As(err, &held) {
 			// Wake-up step 2: another worker owns the lane.
+			l.log.Debug("lane held elsewhere", "holder", held.Owner, "rev", held.Rev)
 			l.w.stats.HeldElsewhere.Add(1)
 			l.w.heldElsewhere.Store(l.lane, time.Now().Add(500*time.Millisecond))
 			delay := time.Duration(-1)
@@ -106,6 +115,10 @@ func (l *lane) run() {
 			l.log.Warn("acquire lease", "error", err)
 			l.nakHeld(time.Second)
 			return
+		}
+		if lease.TookOver {
+			l.w.stats.DeadOwnerTakeovers.Add(1)
+			l.log.Info("lane taken over from an owner whose liveness lease is gone", "epoch", lease.Epoch)
 		}
 		again := l.own(lease)
 		if !again {

@@ -116,7 +116,9 @@ func (l *lane) settle(st *step, err error) outcome {
 		l.failures = 0
 		return keepOwning
 	}
-	if !l.alive() {
+	if l.checkAlive() != nil {
+		// The lease is lost or could have expired (checkAlive waits for
+		// a late or rebound liveness lease).
 		l.giveUp()
 		return gaveUp
 	}
@@ -144,7 +146,9 @@ func (l *lane) settle(st *step, err error) outcome {
 	case <-l.w.drainCh:
 	case <-l.ctx.Done():
 	}
-	if !l.alive() {
+	if l.checkAlive() != nil {
+		// The lease is lost or could have expired (checkAlive waits for
+		// a late or rebound liveness lease).
 		l.giveUp()
 		return gaveUp
 	}

@@ -28,7 +28,10 @@ func WakeMsgID(lane string, committed, epoch uint64) string {
 // take their time; losing the lead cancels them.
 func (w *Worker) watcherLoop(stop <-chan struct{}) {
 	key := w.names.WatcherLeaseKey()
-	tick := time.NewTicker(w.cfg.LeaseTTL / 3)
+	// The lead is tried for (and renewed) often enough that a dead
+	// leader's successor follows expiries within about one liveness TTL:
+	// the watcher lease is bound to the leader's liveness lease.
+	tick := time.NewTicker(min(w.cfg.LeaseTTL/3, w.cfg.LivenessTTL/2))
 	defer tick.Stop()
 	var lease *kv.Lease
 	var lastSweep, lastPrune time.Time
@@ -62,7 +65,11 @@ func (w *Worker) watcherLoop(stop <-chan struct{}) {
 		case <-tick.C:
 		}
 		if lease == nil {
-			l, err := w.leases.Acquire(ctx, key, w.owner)
+			live := w.live.epoch.Load()
+			if !w.live.fresh(live) {
+				continue
+			}
+			l, err := w.leases.AcquireBound(ctx, key, w.owner, live)
 			if err != nil {
 				continue
 			}

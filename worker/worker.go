@@ -34,6 +34,7 @@ type Worker struct {
 	names  broker.Names
 	store  *kv.Store
 	leases *kv.Leases
+	live   *liveness
 	msgids *kv.MsgIDs
 	tx     *transcript.Log
 	owner  string
@@ -58,6 +59,11 @@ type Worker struct {
 	heldElsewhere sync.Map // lane -> time.Time until which another worker is known to hold it
 }
 
+// pullExpiry is how long a pull request of the worker waits on the server.
+// A worker that stops without closing its connection (paused, hung) may
+// have one pending that long, which takes a wake-up it will not handle.
+const pullExpiry = 5 * time.Second
+
 // Stats are counters of a worker's activity.
 type Stats struct {
 	Turns       atomic.Int64
@@ -76,6 +82,14 @@ type Stats struct {
 	// ExpiryWakes counts the lanes this worker woke, as the watcher's
 	// leader, when their lease expired with work pending.
 	ExpiryWakes atomic.Int64
+	// LivenessLost counts the times this worker found its liveness lease
+	// gone while it ran (its lanes could be taken over although it was
+	// alive: a spurious takeover). LeasesLost counts the lane leases it
+	// lost while owning them, for any reason. DeadOwnerTakeovers counts
+	// the lanes it took over from an owner whose liveness lease was gone.
+	LivenessLost       atomic.Int64
+	LeasesLost         atomic.Int64
+	DeadOwnerTakeovers atomic.Int64
 }
 
 // New returns a worker over provisioned resources.
@@ -98,6 +112,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Confi
 		names:     c.Names,
 		store:     kv.NewStore(res, &kv.StoreOptions{Now: c.Now}),
 		leases:    kv.NewLeases(js, res, c.Names, c.LeaseTTL),
+		live:      newLiveness(kv.NewLeases(js, res, c.Names, c.LivenessTTL), c.LivenessTTL),
 		msgids:    kv.NewMsgIDs(res),
 		tx:        tx,
 		owner:     c.ID + "/" + hex.EncodeToString(inc[:]),
@@ -136,7 +151,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := broker.AssertWorkersConsumer(ctx, w.res.Consumer, w.cfg.LeaseTTL); err != nil {
 		return err
 	}
-	it, err := w.res.Consumer.Messages(jetstream.PullMaxMessages(4), jetstream.PullExpiry(5*time.Second))
+	if err := w.startLiveness(ctx); err != nil {
+		return err
+	}
+	liveStop := make(chan struct{})
+	liveDone := make(chan struct{})
+	go func() { defer close(liveDone); w.livenessLoop(liveStop) }()
+	defer func() { close(liveStop); <-liveDone }()
+	it, err := w.res.Consumer.Messages(jetstream.PullMaxMessages(4), jetstream.PullExpiry(pullExpiry))
 	if err != nil {
 		return fmt.Errorf("worker: pull: %w", err)
 	}
@@ -187,7 +209,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}()
 
-	w.log.Info("worker started", "lease_ttl", w.cfg.LeaseTTL, "max_lanes", w.cfg.MaxLanes, "max_turns", w.cfg.MaxTurns)
+	w.log.Info("worker started", "lease_ttl", w.cfg.LeaseTTL, "liveness_ttl", w.cfg.LivenessTTL, "max_lanes", w.cfg.MaxLanes, "max_turns", w.cfg.MaxTurns)
 	var runErr error
 	for {
 		msg, err := it.Next()

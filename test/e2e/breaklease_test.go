@@ -27,8 +27,12 @@ func TestBreakLeaseMidTurn(t *testing.T) {
 	c.startIngress()
 	watch := watchEntries(t, c)
 	debug := "AGENTFLEET_TELEMETRY_LOG_LEVEL=debug"
-	a := c.startWorker("break-a", debug)
-	b := c.startWorker("break-b", debug)
+	// A long liveness lease too: the pause below must not let the other
+	// worker take the lane over by itself (a dead worker's lanes are taken
+	// over once its liveness lease expires; see TestPausedPastLivenessFenced).
+	live := "AGENTFLEET_LEASE_LIVENESS_TTL=60s"
+	a := c.startWorker("break-a", debug, live)
+	b := c.startWorker("break-b", debug, live)
 
 	msg := c.post("break-1", "breaker\n!sleep 5s", "")
 	key := msg.SessionKey

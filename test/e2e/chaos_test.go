@@ -59,6 +59,7 @@ func TestChaos(t *testing.T) {
 	c := newCluster(t)
 	c.startIngress()
 	workers := []*workerProc{c.startWorker("w1"), c.startWorker("w2"), c.startWorker("w3")}
+	reportSpuriousTakeovers(t, workers)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

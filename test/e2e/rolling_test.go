@@ -51,6 +51,7 @@ func TestRollingRestart(t *testing.T) {
 		c.startWorkerArgs("roll2", args, drainEnv...),
 		c.startWorkerArgs("roll3", args, drainEnv...),
 	}
+	reportSpuriousTakeovers(t, workers)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
