@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -106,5 +108,38 @@ func TestScopedTokensBadConfig(t *testing.T) {
 		if _, err := ingress.New(b.js, b.res, ingress.Config{Names: b.names, ScopedTokens: st}); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+func TestLoadScopedTokens(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	got, err := ingress.LoadScopedTokens(write("ok.json",
+		`[{"token":"tok-a","key_prefixes":["agent:main:http:dm:a-","agent:main:http:group:a-"]}]`))
+	if err != nil || len(got) != 1 || got[0].Token != "tok-a" || len(got[0].KeyPrefixes) != 2 {
+		t.Fatalf("got %+v, %v", got, err)
+	}
+	for name, body := range map[string]string{
+		"unknown field": `[{"token":"tok-b","prefix":"agent:"}]`,
+		"no prefix":     `[{"token":"tok-b"}]`,
+		"trailing":      `[] []`,
+		"not json":      `tok-b`,
+	} {
+		_, err := ingress.LoadScopedTokens(write(name, body))
+		if err == nil {
+			t.Errorf("%s: accepted", name)
+		} else if strings.Contains(err.Error(), "tok-b") {
+			t.Errorf("%s: error shows the token: %v", name, err)
+		}
+	}
+	if _, err := ingress.LoadScopedTokens(filepath.Join(dir, "missing.json")); err == nil {
+		t.Error("missing file accepted")
 	}
 }
