@@ -1,7 +1,7 @@
 # The usual targets. CI runs .ci/run.
 GO ?= go
 
-.PHONY: all build test short race vet lint fmt bench ci up tidy image compose-up compose-down compose-test compose-smoke
+.PHONY: all build test short race vet lint fmt bench ci up tidy screenshots image compose-up compose-down compose-test compose-smoke
 
 all: vet test
 
@@ -39,6 +39,11 @@ ci:
 
 up:
 	$(GO) run ./cmd/agentfleet up
+
+# The console's screenshots in docs/ (docs/console.md), taken by its browser
+# tests in headless Chromium.
+screenshots:
+	CONSOLE_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run TestConsoleInBrowser ./ingress/console/
 
 # go mod tidy fails on a test-only dependency of modernc.org/sqlite that the
 # module proxy refuses; -e tolerates it.

@@ -76,7 +76,7 @@ func newOpenAI(_ context.Context, cfg config.Config, log *slog.Logger) (agent.Ba
 		prices[model] = openai.Price{Input: p.Input, Output: p.Output, CacheRead: p.CacheRead, CacheWrite: p.CacheWrite}
 	}
 	oc := openai.Config{Model: o.Model, BaseURL: o.BaseURL, APIKey: o.APIKey, SystemPrompt: o.SystemPrompt,
-		MaxToolSteps: nonZero(o.MaxToolSteps, -1), MaxRetries: nonZero(o.MaxRetries, -1), Prices: prices, Logger: log}
+		MaxToolSteps: nonZero(o.MaxToolSteps, -1), MaxRetries: nonZero(o.MaxRetries, -1), Prices: prices, Images: o.Images, Logger: log}
 	if len(o.MCPServers) > 0 {
 		servers := make([]mcp.Server, len(o.MCPServers))
 		for i, s := range o.MCPServers {

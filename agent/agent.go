@@ -101,6 +101,10 @@ type Turn struct {
 	History []Message
 	// Messages are the user messages this turn incorporates, in inbox order.
 	Messages []UserMessage
+	// Quote is the reply context of the turn: the newest quote among
+	// Messages (a merged turn takes the latest quote fields), or nil. The
+	// turn's reply anchor is its newest message, Source.MessageID.
+	Quote *session.Quote
 	// Steer is set when the lane's busy mode is steer: it returns the plain
 	// messages that arrived since the turn started (or since the last call),
 	// after recording them in the turn (their user entries are durable before
@@ -129,6 +133,10 @@ type Message struct {
 	Reasoning  string
 	// SenderName is the display name of a user message's sender.
 	SenderName string
+	// Attachments and Quote are, on user messages, the files the message
+	// carried and the message it replied to (see UserMessage).
+	Attachments []session.Attachment
+	Quote       *session.Quote
 	// InboxSeq is, on user messages, the inbox sequence they came from.
 	InboxSeq uint64
 	// TurnID is the turn that wrote the message.
@@ -141,9 +149,23 @@ type Message struct {
 
 // UserMessage is one user message of a turn.
 type UserMessage struct {
-	InboxSeq   uint64
+	InboxSeq uint64
+	// Text is the user's text; on a message with attachments, the caption
+	// (possibly empty).
 	Text       string
 	SenderName string
+	// MessageID is the platform's id of the message, when it gave one.
+	MessageID string
+	// Attachments are the files the message carries, as references: Kind,
+	// the platform FileID, a URL the agent can fetch the bytes from (for
+	// Telegram, Slack and WhatsApp, the ingress's media endpoint, so no token is
+	// ever in it), MimeType, Size, Name and Caption. Photos of a burst
+	// arrive together in one turn; a voice note, audio, a video or a
+	// document is always a turn of its own.
+	Attachments []session.Attachment
+	// Quote is the message this one replies to or quotes (id, text,
+	// sender), when there is one.
+	Quote *session.Quote
 }
 
 // ToolCall is one tool call of an assistant message. Arguments is the

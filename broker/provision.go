@@ -23,7 +23,7 @@ type ProvisionConfig struct {
 	// Replicas for every stream and bucket: 1, 3 or 5. Defaults to 1.
 	Replicas int
 	// LeaseTTL is the lane lease TTL; the workers consumer's AckWait is at
-	// least this. Defaults to 15s.
+	// least this. Defaults to DefaultLeaseTTL.
 	LeaseTTL time.Duration
 	// MaxAckPending of the workers consumer. Defaults to 10000.
 	MaxAckPending int
@@ -44,7 +44,7 @@ func (c *ProvisionConfig) withDefaults() ProvisionConfig {
 		out.Replicas = 1
 	}
 	if out.LeaseTTL == 0 {
-		out.LeaseTTL = 15 * time.Second
+		out.LeaseTTL = DefaultLeaseTTL
 	}
 	if out.MaxAckPending == 0 {
 		out.MaxAckPending = 10000

@@ -2,7 +2,9 @@ package config
 
 import (
 	"maps"
+	"net"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/agentfleet/agentfleet/broker"
@@ -200,8 +202,8 @@ type PlatformConfig struct {
 	// Defaults to no overrides.
 	SessionResetByChatType map[string]ResetOverride `yaml:"session_reset_by_chat_type,omitempty" json:"session_reset_by_chat_type,omitempty"`
 
-	// Token is the Telegram bot token (telegram only). Secret. Setting it
-	// turns the Telegram adapter on.
+	// Token is the bot token (telegram, discord). Secret. Setting it turns
+	// the platform's adapter on.
 	//
 	// Defaults to "".
 	Token string `yaml:"token,omitempty" json:"token,omitempty"`
@@ -219,7 +221,8 @@ type PlatformConfig struct {
 	// Defaults to the platform's webhook.
 	Mode string `yaml:"mode,omitempty" json:"mode,omitempty"`
 
-	// APIBase is the base URL of the platform's API (telegram, slack).
+	// APIBase is the base URL of the platform's API (telegram, slack,
+	// whatsapp, discord).
 	//
 	// Defaults to the platform's public API.
 	APIBase string `yaml:"api_base,omitempty" json:"api_base,omitempty"`
@@ -241,16 +244,66 @@ type PlatformConfig struct {
 	AppToken string `yaml:"app_token,omitempty" json:"app_token,omitempty"`
 
 	// RequireMention makes channel messages (threads included) reach the
-	// agent only when they mention the app (slack only); DMs never need one.
+	// agent only when they mention the app (slack, discord); DMs never need
+	// one.
 	//
 	// Defaults to true.
 	RequireMention *bool `yaml:"require_mention,omitempty" json:"require_mention,omitempty"`
+
+	// LiveEdits shows a streaming agent's reply as one message edited in
+	// place while it is written (telegram, slack).
+	//
+	// Defaults to true.
+	LiveEdits *bool `yaml:"live_edits,omitempty" json:"live_edits,omitempty"`
+
+	// AppSecret is the Meta app secret that signs WhatsApp webhooks
+	// (whatsapp only). Secret.
+	//
+	// Defaults to "".
+	AppSecret string `yaml:"app_secret,omitempty" json:"app_secret,omitempty"`
+
+	// VerifyToken is the token of Meta's webhook verification handshake
+	// (whatsapp only). Secret.
+	//
+	// Defaults to "".
+	VerifyToken string `yaml:"verify_token,omitempty" json:"verify_token,omitempty"`
+
+	// AccessToken is the Graph API token that sends WhatsApp messages
+	// (whatsapp only). Secret.
+	//
+	// Defaults to "".
+	AccessToken string `yaml:"access_token,omitempty" json:"access_token,omitempty"`
+
+	// PhoneNumberID is the WhatsApp business phone number id replies are
+	// sent from (whatsapp only).
+	//
+	// Defaults to "".
+	PhoneNumberID string `yaml:"phone_number_id,omitempty" json:"phone_number_id,omitempty"`
+
+	// PublicKey is the Discord application's Ed25519 public key, hex
+	// (discord only).
+	//
+	// Defaults to "".
+	PublicKey string `yaml:"public_key,omitempty" json:"public_key,omitempty"`
+
+	// ApplicationID is the Discord application id (discord only).
+	//
+	// Defaults to "".
+	ApplicationID string `yaml:"application_id,omitempty" json:"application_id,omitempty"`
+
+	// GatewayURL is the Discord Gateway URL (discord only).
+	//
+	// Defaults to Discord's Gateway.
+	GatewayURL string `yaml:"gateway_url,omitempty" json:"gateway_url,omitempty"`
 }
 
 // Platform API defaults.
 const (
 	DefaultTelegramAPIBase = "https://api.telegram.org"
 	DefaultSlackAPIBase    = "https://slack.com/api/"
+	DefaultWhatsAppAPIBase = "https://graph.facebook.com/v23.0"
+	DefaultDiscordAPIBase  = "https://discord.com/api/v10"
+	DefaultDiscordGateway  = "wss://gateway.discord.gg"
 	TelegramModeWebhook    = "webhook"
 	TelegramModePoll       = "poll"
 	SlackModeEvents        = "events"
@@ -260,12 +313,14 @@ const (
 // TelegramSettings are the effective Telegram settings (defaults applied).
 type TelegramSettings struct {
 	Token, WebhookSecret, Mode, APIBase string
+	LiveEdits                           bool
 }
 
 // Telegram returns the Telegram settings; Token empty means the adapter is off.
 func (c Config) Telegram() TelegramSettings {
 	pc := c.Platforms[session.PlatformTelegram]
-	s := TelegramSettings{Token: pc.Token, WebhookSecret: pc.WebhookSecret, Mode: pc.Mode, APIBase: pc.APIBase}
+	s := TelegramSettings{Token: pc.Token, WebhookSecret: pc.WebhookSecret, Mode: pc.Mode, APIBase: pc.APIBase,
+		LiveEdits: pc.LiveEdits == nil || *pc.LiveEdits}
 	if s.Mode == "" {
 		s.Mode = TelegramModeWebhook
 	}
@@ -278,7 +333,7 @@ func (c Config) Telegram() TelegramSettings {
 // SlackSettings are the effective Slack settings (defaults applied).
 type SlackSettings struct {
 	SigningSecret, BotToken, AppToken, APIBase, Mode string
-	RequireMention                                   bool
+	RequireMention, LiveEdits                        bool
 }
 
 // Enabled reports whether the Slack adapter is configured: a signing secret
@@ -294,7 +349,7 @@ func (s SlackSettings) Enabled() bool {
 func (c Config) Slack() SlackSettings {
 	pc := c.Platforms[session.PlatformSlack]
 	s := SlackSettings{SigningSecret: pc.SigningSecret, BotToken: pc.BotToken, AppToken: pc.AppToken, APIBase: pc.APIBase,
-		Mode: pc.Mode, RequireMention: true}
+		Mode: pc.Mode, RequireMention: true, LiveEdits: pc.LiveEdits == nil || *pc.LiveEdits}
 	if s.Mode == "" {
 		s.Mode = SlackModeEvents
 	}
@@ -307,8 +362,52 @@ func (c Config) Slack() SlackSettings {
 	return s
 }
 
+// WhatsAppSettings are the effective WhatsApp Cloud API settings.
+type WhatsAppSettings struct {
+	AppSecret, VerifyToken, AccessToken, PhoneNumberID, APIBase string
+}
+
+// Enabled reports whether the WhatsApp adapter is configured (its app
+// secret is set).
+func (s WhatsAppSettings) Enabled() bool { return s.AppSecret != "" }
+
+// WhatsAppCloud returns the WhatsApp Cloud API settings.
+func (c Config) WhatsAppCloud() WhatsAppSettings {
+	pc := c.Platforms[session.PlatformWhatsApp]
+	s := WhatsAppSettings{AppSecret: pc.AppSecret, VerifyToken: pc.VerifyToken, AccessToken: pc.AccessToken,
+		PhoneNumberID: pc.PhoneNumberID, APIBase: pc.APIBase}
+	if s.APIBase == "" {
+		s.APIBase = DefaultWhatsAppAPIBase
+	}
+	return s
+}
+
+// DiscordSettings are the effective Discord settings.
+type DiscordSettings struct {
+	Token, PublicKey, ApplicationID, APIBase, GatewayURL string
+	RequireMention                                       bool
+}
+
+// Discord returns the Discord settings; Token empty means the adapter is
+// off.
+func (c Config) Discord() DiscordSettings {
+	pc := c.Platforms[session.PlatformDiscord]
+	s := DiscordSettings{Token: pc.Token, PublicKey: pc.PublicKey, ApplicationID: pc.ApplicationID, APIBase: pc.APIBase,
+		GatewayURL: pc.GatewayURL, RequireMention: true}
+	if pc.RequireMention != nil {
+		s.RequireMention = *pc.RequireMention
+	}
+	if s.APIBase == "" {
+		s.APIBase = DefaultDiscordAPIBase
+	}
+	if s.GatewayURL == "" {
+		s.GatewayURL = DefaultDiscordGateway
+	}
+	return s
+}
+
 // ConnectedPlatforms lists the platforms this configuration delivers to:
-// http always, telegram and slack when configured.
+// http always, telegram, slack, whatsapp and discord when configured.
 func (c Config) ConnectedPlatforms() []session.Platform {
 	out := []session.Platform{session.PlatformHTTP}
 	if c.Telegram().Token != "" {
@@ -316,6 +415,12 @@ func (c Config) ConnectedPlatforms() []session.Platform {
 	}
 	if c.Slack().Enabled() {
 		out = append(out, session.PlatformSlack)
+	}
+	if c.WhatsAppCloud().Enabled() {
+		out = append(out, session.PlatformWhatsApp)
+	}
+	if c.Discord().Token != "" {
+		out = append(out, session.PlatformDiscord)
 	}
 	return out
 }
@@ -417,6 +522,14 @@ type OpenAIConfig struct {
 	//
 	// Defaults to 2m (120 seconds).
 	ToolTimeout Duration `yaml:"tool_timeout" json:"tool_timeout"`
+
+	// Images is how the photos of a turn reach the model: inline (the
+	// worker fetches each from its attachment URL and sends it as a data
+	// URL), url (the URL itself; the provider must reach it) or none (a
+	// text-only model; attachments are described in the text).
+	//
+	// Defaults to "inline".
+	Images string `yaml:"images" json:"images"`
 
 	// MCPServers are the MCP servers whose tools the model may call (file
 	// only).
@@ -721,6 +834,15 @@ type HTTPConfig struct {
 	//
 	// Defaults to 256.
 	MaxReadersPerClient int `yaml:"max_readers_per_client" json:"max_readers_per_client"`
+
+	// PublicURL is the URL at which agents (workers, and a model provider
+	// given image URLs) reach this ingress: the base of the media links of
+	// platforms whose file URLs need the bot's credentials (Telegram,
+	// Slack). See PublicBaseURL.
+	//
+	// Defaults to "" (http://<http.addr>, with a loopback host when the
+	// address names none).
+	PublicURL string `yaml:"public_url" json:"public_url"`
 }
 
 // DeliveryConfig configures outbound reply delivery.
@@ -785,7 +907,7 @@ func Default() Config {
 			GatewayTimeout:               Duration(1800 * time.Second),
 			GatewayAutoContinueFreshness: Duration(3600 * time.Second),
 			RestartDrainTimeout:          Duration(60 * time.Second),
-			OpenAI:                       OpenAIConfig{MaxToolSteps: 8, MaxRetries: 4, ToolTimeout: Duration(120 * time.Second)},
+			OpenAI:                       OpenAIConfig{MaxToolSteps: 8, MaxRetries: 4, ToolTimeout: Duration(120 * time.Second), Images: "inline"},
 		},
 		NATS: NATSConfig{
 			URL:            "nats://127.0.0.1:4222",
@@ -799,8 +921,8 @@ func Default() Config {
 			Sync:    SyncDefault,
 		},
 		Lease: LeaseConfig{
-			TTL:    Duration(15 * time.Second),
-			Margin: Duration(2 * time.Second),
+			TTL:    Duration(broker.DefaultLeaseTTL),
+			Margin: Duration(broker.DefaultLeaseMargin),
 		},
 		Worker: WorkerConfig{
 			Lanes:           64,
@@ -940,7 +1062,7 @@ func (c Config) Redacted() Config {
 		}
 	}
 	for p, pc := range r.Platforms {
-		for _, s := range []*string{&pc.Token, &pc.WebhookSecret, &pc.SigningSecret, &pc.BotToken, &pc.AppToken} {
+		for _, s := range []*string{&pc.Token, &pc.WebhookSecret, &pc.SigningSecret, &pc.BotToken, &pc.AppToken, &pc.AppSecret, &pc.VerifyToken, &pc.AccessToken} {
 			if *s != "" {
 				*s = redactedValue
 			}
@@ -962,6 +1084,7 @@ func (c Config) clone() Config {
 			pc.SessionReset = pc.SessionReset.clone()
 			pc.SessionResetByChatType = cloneOverrides(pc.SessionResetByChatType)
 			pc.RequireMention = clonePtr(pc.RequireMention)
+			pc.LiveEdits = clonePtr(pc.LiveEdits)
 			r.Platforms[p] = pc
 		}
 	}
@@ -999,4 +1122,21 @@ func clonePtr[T any](p *T) *T {
 	}
 	v := *p
 	return &v
+}
+
+// PublicBaseURL is the base of the ingress's media links: PublicURL
+// without a trailing slash, else http:// and http.addr, its host made
+// 127.0.0.1 when the address has none or is a wildcard.
+func (h HTTPConfig) PublicBaseURL() string {
+	if h.PublicURL != "" {
+		return strings.TrimRight(h.PublicURL, "/")
+	}
+	host, port, err := net.SplitHostPort(h.Addr)
+	if err != nil {
+		return "http://" + h.Addr
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port)
 }

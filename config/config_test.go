@@ -958,7 +958,13 @@ func TestPlatformSettings(t *testing.T) {
 		{"socket mode complete", map[string]string{"AGENTFLEET_PLATFORMS_SLACK_MODE": "socket", "AGENTFLEET_PLATFORMS_SLACK_APP_TOKEN": "xapp-1", "AGENTFLEET_PLATFORMS_SLACK_BOT_TOKEN": "xoxb-1"}, "", ""},
 		{"socket mode without app token", map[string]string{"AGENTFLEET_PLATFORMS_SLACK_MODE": "socket", "AGENTFLEET_PLATFORMS_SLACK_BOT_TOKEN": "xoxb-1"}, "", "platforms.slack.app_token: is empty"},
 		{"slack mode of telegram", map[string]string{"AGENTFLEET_PLATFORMS_SLACK_MODE": "poll"}, "", `"poll" is not one of events, socket`},
-		{"foreign setting", nil, "platforms:\n  discord:\n    token: x\n  telegram:\n    signing_secret: y\n", "platforms.discord.token: is not a setting of platform discord"},
+		{"whatsapp complete", map[string]string{"AGENTFLEET_PLATFORMS_WHATSAPP_APP_SECRET": "s", "AGENTFLEET_PLATFORMS_WHATSAPP_VERIFY_TOKEN": "v",
+			"AGENTFLEET_PLATFORMS_WHATSAPP_ACCESS_TOKEN": "a", "AGENTFLEET_PLATFORMS_WHATSAPP_PHONE_NUMBER_ID": "1"}, "", ""},
+		{"whatsapp without verify token", map[string]string{"AGENTFLEET_PLATFORMS_WHATSAPP_APP_SECRET": "s", "AGENTFLEET_PLATFORMS_WHATSAPP_ACCESS_TOKEN": "a",
+			"AGENTFLEET_PLATFORMS_WHATSAPP_PHONE_NUMBER_ID": "1"}, "", "platforms.whatsapp.verify_token: is empty"},
+		{"discord bad public key", map[string]string{"AGENTFLEET_PLATFORMS_DISCORD_TOKEN": "t", "AGENTFLEET_PLATFORMS_DISCORD_PUBLIC_KEY": "abc"}, "", "platforms.discord.public_key"},
+		{"discord gateway not ws", map[string]string{"AGENTFLEET_PLATFORMS_DISCORD_GATEWAY_URL": "http://x"}, "", "is not a ws or wss URL"},
+		{"foreign setting", nil, "platforms:\n  whatsapp:\n    token: x\n  telegram:\n    signing_secret: y\n", "platforms.whatsapp.token: is not a setting of platform whatsapp"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -1005,5 +1011,25 @@ func TestPlatformSettings(t *testing.T) {
 	}
 	if !c.Slack().RequireMention {
 		t.Error("require_mention defaults to true")
+	}
+	for k, v := range map[string]string{"platforms.whatsapp.app_secret": "as", "platforms.whatsapp.verify_token": "vt",
+		"platforms.whatsapp.access_token": "EAAt", "platforms.discord.token": "dtok", "platforms.discord.require_mention": "false"} {
+		if err := c.Set(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r = c.Redacted()
+	if wa := r.Platforms["whatsapp"]; wa.AppSecret != "[redacted]" || wa.VerifyToken != "[redacted]" || wa.AccessToken != "[redacted]" ||
+		r.Platforms["discord"].Token != "[redacted]" {
+		t.Errorf("Redacted() left a platform secret: %+v", r.Platforms)
+	}
+	if got := c.ConnectedPlatforms(); len(got) != 5 {
+		t.Errorf("ConnectedPlatforms() = %v, want http, telegram, slack, whatsapp, discord", got)
+	}
+	if d := c.Discord(); d.RequireMention || d.GatewayURL != config.DefaultDiscordGateway || d.APIBase != config.DefaultDiscordAPIBase {
+		t.Errorf("Discord() = %+v", d)
+	}
+	if c.WhatsAppCloud().APIBase != config.DefaultWhatsAppAPIBase {
+		t.Errorf("WhatsAppCloud() = %+v", c.WhatsAppCloud())
 	}
 }

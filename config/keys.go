@@ -245,6 +245,9 @@ func buildKeys() []key {
 		field("agent.openai.tool_timeout",
 			"OpenAI backend: longest MCP tool call; a call that takes longer fails that step (the model is told), not the turn.",
 			func(c *Config) *Duration { return &c.Agent.OpenAI.ToolTimeout }, minDuration(time.Second)),
+		field("agent.openai.images",
+			"OpenAI backend: how the photos and stickers of a turn reach the model as image parts: `inline` (the worker fetches each from its attachment URL, at most 20 MiB, and sends it as a base64 data URL), `url` (the attachment URL itself; the model provider must be able to reach it) or `none` (a text-only model). Every attachment is also described in the message text.",
+			func(c *Config) *string { return &c.Agent.OpenAI.Images }, oneOf("inline", "url", "none")),
 		field("privacy.redact_pii",
 			"Replace user ids and chat ids in the agent's session context prompt with stable hashes (user_<12hex>, <platform>:<12hex>), except on platforms that need raw ids for mentions (Discord). Routing, session keys and delivery always use the real ids.",
 			func(c *Config) *bool { return &c.Privacy.RedactPII }, nil),
@@ -354,6 +357,9 @@ func buildKeys() []key {
 		field("http.max_readers_per_client",
 			"Most reply readers (long polls of /replies, /events streams) one client (its bearer token, else its IP address) may hold open at once; past it the server answers 429. At least 1.",
 			func(c *Config) *int { return &c.HTTP.MaxReadersPerClient }, minInt(1)),
+		field("http.public_url",
+			"URL at which agents reach this ingress (`https://fleet.example.com`): attachments of Telegram, Slack and WhatsApp link to its media endpoint `/v1/media/<platform>/<file id>`, which fetches the file with the platform token so no token is written into messages or transcripts. Empty: `http://` + `http.addr` (a loopback host when the address names none), right for `agentfleet up`.",
+			func(c *Config) *string { return &c.HTTP.PublicURL }, checkHTTPURL),
 		field("delivery.backoff",
 			"Delay before the first retry of a failed reply delivery; it doubles per attempt up to 5s (or the backoff itself, if longer). Delivery retries until it succeeds: a reply is never dropped because its store was briefly unavailable. Positive.",
 			func(c *Config) *Duration { return &c.Delivery.Backoff }, minDuration(time.Millisecond)),
@@ -382,7 +388,7 @@ func buildKeys() []key {
 			"Log format: text or json.",
 			func(c *Config) *string { return &c.Telemetry.LogFormat }, oneOf("text", "json")),
 		field("telemetry.metrics_addr",
-			"host:port on which `agentfleet worker` and `agentfleet up` serve Prometheus metrics at /metrics (flag `--metrics`). Empty: no separate endpoint (the ingress always serves /metrics on `http.addr`). The endpoint has no authentication: bind it to a private address.",
+			"host:port on which `agentfleet worker`, `agentfleet indexer` and `agentfleet up` serve Prometheus metrics at /metrics (flag `--metrics`). Empty: no separate endpoint (the ingress always serves /metrics on `http.addr`). The endpoint has no authentication: bind it to a private address.",
 			func(c *Config) *string { return &c.Telemetry.MetricsAddr }, checkHostPort(true)),
 	)
 	for i := range ks {
@@ -439,6 +445,7 @@ func storePlatform(c *Config, p session.Platform, pc PlatformConfig) {
 // platformKeys are the adapter settings of the chat platforms.
 func platformKeys() []key {
 	tg, sl := session.PlatformTelegram, session.PlatformSlack
+	wa, dc := session.PlatformWhatsApp, session.PlatformDiscord
 	return []key{
 		platformString(tg, "token", "",
 			"Telegram bot token from @BotFather. Setting it turns the Telegram adapter on (secret: redacted when printed).",
@@ -467,23 +474,84 @@ func platformKeys() []key {
 		platformString(sl, "api_base", DefaultSlackAPIBase,
 			"Base URL of the Slack Web API (tests point it at a local server).",
 			func(pc *PlatformConfig) *string { return &pc.APIBase }, checkHTTPURL),
-		{
-			path: "platforms.slack.require_mention", kind: kindBool, def: "true",
-			desc: "Channel messages (threads included) reach the agent only when they mention the app; DMs always do. false: every channel message the app receives.",
-			get: func(c *Config, _ []string) (any, bool) {
-				if m := c.Platforms[sl].RequireMention; m != nil {
-					return *m, true
-				}
-				return true, true
-			},
-			set: func(c *Config, _ []string, v any) {
-				pc := c.Platforms[sl]
-				pc.RequireMention = nil // true is the default
-				if b := v.(bool); !b {
-					pc.RequireMention = &b
-				}
-				storePlatform(c, sl, pc)
-			},
+		requireMentionKey(sl, "Channel messages (threads included) reach the agent only when they mention the app; DMs always do. false: every channel message the app receives."),
+		platformString(wa, "app_secret", "",
+			"Meta app secret: the key of the `X-Hub-Signature-256` HMAC on every WhatsApp webhook request. Setting it turns the WhatsApp adapter on (secret: redacted when printed).",
+			func(pc *PlatformConfig) *string { return &pc.AppSecret }, nil),
+		platformString(wa, "verify_token", "",
+			"Token Meta sends in `hub.verify_token` when verifying the webhook URL (you choose it in the app dashboard). Required with `app_secret` (secret: redacted when printed).",
+			func(pc *PlatformConfig) *string { return &pc.VerifyToken }, nil),
+		platformString(wa, "access_token", "",
+			"Graph API access token (a system user token) that sends replies. Required with `app_secret` (secret: redacted when printed).",
+			func(pc *PlatformConfig) *string { return &pc.AccessToken }, nil),
+		platformString(wa, "phone_number_id", "",
+			"Id of the WhatsApp business phone number replies are sent from (`POST /{phone_number_id}/messages`). Required with `app_secret`.",
+			func(pc *PlatformConfig) *string { return &pc.PhoneNumberID }, nil),
+		platformString(wa, "api_base", DefaultWhatsAppAPIBase,
+			"Base URL of the Graph API, with its version (tests point it at a local server).",
+			func(pc *PlatformConfig) *string { return &pc.APIBase }, checkHTTPURL),
+		platformString(dc, "token", "",
+			"Discord bot token. Setting it turns the Discord adapter on: the Gateway connection (one per bot across the fleet) and replies (secret: redacted when printed).",
+			func(pc *PlatformConfig) *string { return &pc.Token }, nil),
+		platformString(dc, "public_key", "",
+			"Discord application public key (64 hex digits), to verify the Ed25519 signature of interactions at POST /webhooks/discord. Empty: no interactions endpoint.",
+			func(pc *PlatformConfig) *string { return &pc.PublicKey }, nil),
+		platformString(dc, "application_id", "",
+			"Discord application id; when set, interactions of another application are refused.",
+			func(pc *PlatformConfig) *string { return &pc.ApplicationID }, nil),
+		platformString(dc, "api_base", DefaultDiscordAPIBase,
+			"Base URL of the Discord REST API, with its version (tests point it at a local server).",
+			func(pc *PlatformConfig) *string { return &pc.APIBase }, checkHTTPURL),
+		platformString(dc, "gateway_url", DefaultDiscordGateway,
+			"URL of the Discord Gateway websocket (tests point it at a local server).",
+			func(pc *PlatformConfig) *string { return &pc.GatewayURL }, checkWSURL),
+		requireMentionKey(dc, "Guild messages (threads included) reach the agent only when they mention the bot; DMs always do. false: every guild message the bot can read."),
+		liveEditsKey(tg, "Telegram", "editMessageText"),
+		liveEditsKey(sl, "Slack", "chat.update"),
+	}
+}
+
+// requireMentionKey is the require_mention switch of platform p.
+func requireMentionKey(p session.Platform, desc string) key {
+	return key{
+		path: "platforms." + string(p) + ".require_mention", kind: kindBool, def: "true",
+		desc: desc,
+		get: func(c *Config, _ []string) (any, bool) {
+			if m := c.Platforms[p].RequireMention; m != nil {
+				return *m, true
+			}
+			return true, true
+		},
+		set: func(c *Config, _ []string, v any) {
+			pc := c.Platforms[p]
+			pc.RequireMention = nil // true is the default
+			if b := v.(bool); !b {
+				pc.RequireMention = &b
+			}
+			storePlatform(c, p, pc)
+		},
+	}
+}
+
+// liveEditsKey is platforms.<p>.live_edits (default true).
+func liveEditsKey(p session.Platform, name, method string) key {
+	return key{
+		path: "platforms." + string(p) + ".live_edits", kind: kindBool, def: "true",
+		desc: "A streaming agent's reply shows on " + name + " as one message edited in place (`" + method +
+			"`, at most once a second per chat) until the final reply replaces its text. false: only the final reply is posted. Set it alike on every ingress.",
+		get: func(c *Config, _ []string) (any, bool) {
+			if m := c.Platforms[p].LiveEdits; m != nil {
+				return *m, true
+			}
+			return true, true
+		},
+		set: func(c *Config, _ []string, v any) {
+			pc := c.Platforms[p]
+			pc.LiveEdits = nil // true is the default
+			if b := v.(bool); !b {
+				pc.LiveEdits = &b
+			}
+			storePlatform(c, p, pc)
 		},
 	}
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -180,31 +181,45 @@ func (c *Config) validatePlatforms() []error {
 			add("platforms.slack.bot_token", "", "is empty but platforms.slack.signing_secret is set; replies need both")
 		}
 	}
+	if wa := c.WhatsAppCloud(); wa.Enabled() {
+		if wa.VerifyToken == "" {
+			add("platforms.whatsapp.verify_token", "", "is empty but platforms.whatsapp.app_secret is set; Meta's webhook verification needs it")
+		}
+		if wa.AccessToken == "" || wa.PhoneNumberID == "" {
+			add("platforms.whatsapp.access_token", "", "and platforms.whatsapp.phone_number_id must both be set with platforms.whatsapp.app_secret; replies need them")
+		}
+	}
+	if dc := c.Discord(); dc.PublicKey != "" {
+		if k, err := hex.DecodeString(dc.PublicKey); err != nil || len(k) != 32 {
+			add("platforms.discord.public_key", dc.PublicKey, "is not 64 hex digits (the application's Ed25519 public key)")
+		}
+		if dc.Token == "" {
+			add("platforms.discord.token", "", "is empty but platforms.discord.public_key is set; replies need the bot token")
+		}
+	}
 	for _, p := range sortedKeys(c.Platforms) {
 		pc := c.Platforms[p]
 		var foreign []string
-		if p != session.PlatformTelegram {
-			for name, set := range map[string]bool{"token": pc.Token != "", "webhook_secret": pc.WebhookSecret != ""} {
+		only := func(owners []session.Platform, fields map[string]bool) {
+			if slices.Contains(owners, p) {
+				return
+			}
+			for name, set := range fields {
 				if set {
 					foreign = append(foreign, name)
 				}
 			}
 		}
-		if p != session.PlatformSlack {
-			for name, set := range map[string]bool{"signing_secret": pc.SigningSecret != "", "bot_token": pc.BotToken != "", "app_token": pc.AppToken != "", "require_mention": pc.RequireMention != nil} {
-				if set {
-					foreign = append(foreign, name)
-				}
-			}
-		}
-		if p != session.PlatformTelegram && p != session.PlatformSlack {
-			if pc.APIBase != "" {
-				foreign = append(foreign, "api_base")
-			}
-			if pc.Mode != "" {
-				foreign = append(foreign, "mode")
-			}
-		}
+		tg, sl, wa, dc := session.PlatformTelegram, session.PlatformSlack, session.PlatformWhatsApp, session.PlatformDiscord
+		only([]session.Platform{tg, dc}, map[string]bool{"token": pc.Token != ""})
+		only([]session.Platform{tg}, map[string]bool{"webhook_secret": pc.WebhookSecret != ""})
+		only([]session.Platform{sl}, map[string]bool{"signing_secret": pc.SigningSecret != "", "bot_token": pc.BotToken != "", "app_token": pc.AppToken != ""})
+		only([]session.Platform{sl, dc}, map[string]bool{"require_mention": pc.RequireMention != nil})
+		only([]session.Platform{tg, sl}, map[string]bool{"mode": pc.Mode != ""})
+		only([]session.Platform{tg, sl, wa, dc}, map[string]bool{"api_base": pc.APIBase != ""})
+		only([]session.Platform{wa}, map[string]bool{"app_secret": pc.AppSecret != "", "verify_token": pc.VerifyToken != "",
+			"access_token": pc.AccessToken != "", "phone_number_id": pc.PhoneNumberID != ""})
+		only([]session.Platform{dc}, map[string]bool{"public_key": pc.PublicKey != "", "application_id": pc.ApplicationID != "", "gateway_url": pc.GatewayURL != ""})
 		slices.Sort(foreign)
 		for _, name := range foreign {
 			add("platforms."+string(p)+"."+name, "", fmt.Sprintf("is not a setting of platform %s", p))
@@ -341,6 +356,18 @@ func checkHTTPURL(v any) string {
 	u, err := url.Parse(s)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Sprintf("%q is not an http or https URL", s)
+	}
+	return ""
+}
+
+func checkWSURL(v any) string {
+	s := v.(string)
+	if s == "" {
+		return ""
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
+		return fmt.Sprintf("%q is not a ws or wss URL", s)
 	}
 	return ""
 }

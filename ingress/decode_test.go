@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -31,6 +32,15 @@ func TestDecodeMessageBodyIsStrict(t *testing.T) {
 		{"empty", ``, "request body is empty"},
 		{"truncated", `{"chat_id":"a"`, "malformed JSON"},
 		{"wrong type", `{"chat_id":5,"text":"hi"}`, "chat_id must be a string"},
+		{"unknown attachment field", `{"chat_id":"a","attachments":[{"kind":"photo","url":"https://h/a","data":"AAAA"}]}`, `attachments[0]: unknown field "data"`},
+		{"attachment field in other case", `{"chat_id":"a","attachments":[{"kind":"photo","URL":"https://h/a"}]}`, `attachments[0]: unknown field "URL": field names are case-sensitive`},
+		{"duplicate attachment field", `{"chat_id":"a","attachments":[{"kind":"photo","url":"https://h/a","url":"https://h/b"}]}`, `attachments[0]: field "url" appears more than once`},
+		{"attachment not an object", `{"chat_id":"a","attachments":["https://h/a"]}`, `attachments[0]: must be a JSON object, not a string`},
+		{"attachments not an array", `{"chat_id":"a","attachments":{"kind":"photo"}}`, `attachments must be an array`},
+		{"too many attachments", `{"chat_id":"a","attachments":[` + strings.Repeat(`{"kind":"photo","url":"https://h/a"},`, 20) + `{"kind":"photo","url":"https://h/a"}]}`, `21 items, at most 20`},
+		{"unknown quote field", `{"chat_id":"a","text":"x","reply_to":{"message_id":"1","from":"b"}}`, `reply_to: unknown field "from"`},
+		{"quote not an object", `{"chat_id":"a","text":"x","reply_to":"1"}`, `reply_to: must be a JSON object, not a string`},
+		{"size not a number", `{"chat_id":"a","attachments":[{"kind":"photo","url":"https://h/a","size":"1"}]}`, `attachments.size must be a int64`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -64,6 +74,9 @@ func FuzzDecodeMessage(f *testing.F) {
 		"{\"chat_id\":\"\xff\",\"text\":\"hi\"}",
 		`{"chat_id":"\ud800","text":"hi"}`,
 		`{"chat_id":"a","text":"hi"} x`,
+		`{"chat_id":"c","attachments":[{"kind":"photo","url":"https://h/p.jpg","mime_type":"image/jpeg","size":12,"caption":"c"}],"reply_to":{"message_id":"9","text":"t","sender_id":"u","sender_name":"n"}}`,
+		`{"chat_id":"c","attachments":[{"kind":"voice","url":"https://h/v","Kind":"x"}]}`,
+		`{"chat_id":"c","attachments":null,"reply_to":null,"text":"x"}`,
 		`[]`, `null`, ``,
 	} {
 		f.Add([]byte(s))
@@ -106,8 +119,18 @@ func FuzzDecodeMessage(f *testing.F) {
 		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 			t.Fatalf("accepted %q with data after the object", body)
 		}
+		// The nested objects too.
+		for _, a := range req.Attachments {
+			b, _ := json.Marshal(a)
+			if e := checkObjectFields(b, attachmentFields, "a"); e != nil {
+				t.Fatalf("accepted an attachment that re-encodes badly: %v", e)
+			}
+		}
+		if e := checkMediaFields(body); e != nil {
+			t.Fatalf("accepted %q, whose nested objects are refused: %v", body, e.msg)
+		}
 		var plain messageRequest
-		if err := json.Unmarshal(body, &plain); err != nil || plain != *req {
+		if err := json.Unmarshal(body, &plain); err != nil || !reflect.DeepEqual(plain, *req) {
 			t.Fatalf("accepted %q as %+v; encoding/json reads %+v (%v)", body, *req, plain, err)
 		}
 	})

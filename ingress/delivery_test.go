@@ -96,6 +96,16 @@ func (b *testBundle) waitDelivered(t *testing.T) {
 		if info.NumPending != 0 || info.NumAckPending != 0 {
 			return fmt.Errorf("pending %d, ack pending %d", info.NumPending, info.NumAckPending)
 		}
+		// The consumer's pending counts follow a new message a moment after
+		// its PubAck, so they alone can read zero before the consumer saw
+		// the newest reply: its ack floor must have passed that reply.
+		last, err := b.res.Outbox.GetLastMsgForSubject(ctx, info.Config.FilterSubject)
+		if err != nil {
+			return err
+		}
+		if info.AckFloor.Stream < last.Sequence {
+			return fmt.Errorf("ack floor %d, newest reply at %d", info.AckFloor.Stream, last.Sequence)
+		}
 		return nil
 	})
 }

@@ -19,9 +19,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 )
 
 // messageRequest is the body of POST /v1/messages.
@@ -36,6 +41,13 @@ type messageRequest struct {
 	ChatName  string `json:"chat_name"`
 	MessageID string `json:"message_id"`
 	Text      string `json:"text"`
+	// Attachments are files by reference (an http or https URL the agent
+	// fetches); ReplyTo is the message this one replies to.
+	Attachments []session.Attachment `json:"attachments"`
+	ReplyTo     *session.Quote       `json:"reply_to"`
+	// MediaGroup names the album a photo belongs to: in busy mode queue
+	// the photos of one album make one turn.
+	MediaGroup string `json:"media_group"`
 }
 
 // acceptResponse is the 202 answer of POST /v1/messages.
@@ -132,7 +144,10 @@ func decodeMessageBody(body []byte) (*messageRequest, *apiError) {
 		}
 		return nil, badRequest("request body is not valid UTF-8 (at byte %d)", at)
 	}
-	if e := checkObjectFields(body, messageFields); e != nil {
+	if e := checkObjectFields(body, messageFields, ""); e != nil {
+		return nil, e
+	}
+	if e := checkMediaFields(body); e != nil {
 		return nil, e
 	}
 	var req messageRequest
@@ -144,17 +159,66 @@ func decodeMessageBody(body []byte) (*messageRequest, *apiError) {
 	return &req, nil
 }
 
+// Field names of the objects nested in a POST /v1/messages body.
+var (
+	attachmentFields = jsonFieldNames(reflect.TypeFor[session.Attachment]())
+	quoteFields      = jsonFieldNames(reflect.TypeFor[session.Quote]())
+)
+
+// checkMediaFields applies checkObjectFields to the objects nested in a
+// body that checkObjectFields accepted: each element of "attachments" and
+// the "reply_to" object (null stands for none).
+func checkMediaFields(body []byte) *apiError {
+	var raw struct {
+		Attachments json.RawMessage `json:"attachments"`
+		ReplyTo     json.RawMessage `json:"reply_to"`
+	}
+	if err := json.Unmarshal(body, &raw); err != nil {
+		return decodeError(err, nil)
+	}
+	if len(raw.Attachments) > 0 && string(raw.Attachments) != "null" {
+		var items []json.RawMessage
+		if err := json.Unmarshal(raw.Attachments, &items); err != nil {
+			return badRequest("attachments must be an array of objects")
+		}
+		if len(items) > session.MaxAttachments {
+			return badRequest("attachments: %d items, at most %d per message", len(items), session.MaxAttachments)
+		}
+		for i, item := range items {
+			if e := checkObjectFields(item, attachmentFields, fmt.Sprintf("attachments[%d]", i)); e != nil {
+				return e
+			}
+		}
+	}
+	if len(raw.ReplyTo) > 0 && string(raw.ReplyTo) != "null" {
+		if e := checkObjectFields(raw.ReplyTo, quoteFields, "reply_to"); e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
 // checkObjectFields makes sure body is one JSON object whose member names
 // are all in known, spelled exactly so (letter case included), each at most
-// once, followed by nothing but white space.
-func checkObjectFields(body []byte, known map[string]bool) *apiError {
+// once, followed by nothing but white space. where names a nested object
+// in the errors ("" for the request body).
+func checkObjectFields(body []byte, known map[string]bool, where string) *apiError {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	tok, err := dec.Token()
 	if err != nil {
 		return decodeError(err, nil)
 	}
+	badRequest := badRequest
+	if where != "" {
+		badRequest = func(format string, args ...any) *apiError {
+			return errorf(http.StatusBadRequest, "%s: %s", where, fmt.Sprintf(format, args...))
+		}
+	}
 	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		if where != "" {
+			return badRequest("must be a JSON object, not %s", jsonKind(tok))
+		}
 		return badRequest("request body must be a JSON object, not %s", jsonKind(tok))
 	}
 	// Past the opening brace, the end of the body is a truncated object.
@@ -251,8 +315,20 @@ func decodeError(err error, tooLarge func() *apiError) *apiError {
 
 // buildInbound validates req and derives everything the inbox message needs.
 func (s *Server) buildInbound(req *messageRequest, now time.Time) (*inboxMessage, *apiError) {
-	if strings.TrimSpace(req.Text) == "" {
-		return nil, badRequest("text is required and must not be blank")
+	if strings.TrimSpace(req.Text) == "" && len(req.Attachments) == 0 {
+		return nil, badRequest("text is required and must not be blank (unless the message has attachments)")
+	}
+	if err := session.ValidateMedia(req.Attachments, req.ReplyTo); err != nil {
+		return nil, badRequest("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	if err := session.ValidateID("media_group", req.MediaGroup); err != nil {
+		return nil, badRequest("%v", err)
+	}
+	for i, a := range req.Attachments {
+		if a.URL == "" {
+			// Nothing else could resolve an HTTP client's file.
+			return nil, badRequest("attachments[%d]: url is required: the agent fetches the file from it", i)
+		}
 	}
 	if strings.TrimSpace(req.ChatID) == "" {
 		return nil, badRequest("chat_id is required")
@@ -291,7 +367,12 @@ func (s *Server) buildInbound(req *messageRequest, now time.Time) (*inboxMessage
 	if req.MessageID != "" {
 		pmid = platformMsgID(platform, req.ChatID, req.MessageID)
 	}
-	return s.newInbound(src, req.Text, pmid, now)
+	m, e := s.newInbound(src, req.Text, pmid, now, req.Attachments)
+	if e != nil {
+		return nil, e
+	}
+	m.setMedia(req.ReplyTo, req.Attachments, req.MediaGroup)
+	return m, nil
 }
 
 // accept publishes m unless it is a known duplicate, and answers only once
@@ -303,7 +384,30 @@ func (s *Server) accept(r *http.Request, m *inboxMessage) (*acceptResponse, *api
 // acceptCtx is accept for a caller without a request (a platform adapter's
 // poll loop); ctx only carries values and logging, never a cancellation of
 // a write that has started.
-func (s *Server) acceptCtx(rctx context.Context, m *inboxMessage) (*acceptResponse, *apiError) {
+func (s *Server) acceptCtx(rctx context.Context, m *inboxMessage) (resp *acceptResponse, e *apiError) {
+	if s.tracer == nil {
+		return s.accepted(rctx, m)
+	}
+	// The span of the publish: a child of the request's span (HTTP or
+	// webhook) or, for a poll loop, the trace's root. Its context travels
+	// in the inbox message's headers to the worker.
+	rctx, span := s.tracer.Start(rctx, "inbox publish", trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(telemetry.AttrLane.String(m.lane), telemetry.AttrSessionKey.String(m.inbound.SessionKey),
+			semconv.MessagingSystemKey.String("nats"), semconv.MessagingDestinationName(m.subject)))
+	defer func() {
+		switch {
+		case e != nil:
+			span.SetStatus(codes.Error, e.msg)
+		case resp != nil:
+			span.SetAttributes(telemetry.AttrInboxSeq.Int64(int64(resp.Seq)), attribute.Bool("agentfleet.duplicate", resp.Duplicate))
+		}
+		span.End()
+	}()
+	return s.accepted(rctx, m)
+}
+
+// accepted is acceptCtx without its span.
+func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptResponse, *apiError) {
 	key := m.inbound.SessionKey
 	pmid := m.inbound.PlatformMsgID
 	var corrupt bool
@@ -319,7 +423,7 @@ func (s *Server) acceptCtx(rctx context.Context, m *inboxMessage) (*acceptRespon
 		corrupt = bad
 	}
 
-	msg, e := s.inboxMsg(m)
+	msg, e := s.inboxMsg(rctx, m)
 	if e != nil {
 		return nil, e
 	}
@@ -385,7 +489,7 @@ func (s *Server) keyAt(rctx context.Context, seq uint64, fallback string) string
 // inboxMsg encodes m as the inbox message. A message the server would not
 // take (its payload limit, envelope and headers included) is refused with
 // 413: retrying it cannot help.
-func (s *Server) inboxMsg(m *inboxMessage) (*nats.Msg, *apiError) {
+func (s *Server) inboxMsg(ctx context.Context, m *inboxMessage) (*nats.Msg, *apiError) {
 	// Encoded as the transcript will store the text (encoding/json escapes
 	// '<', '>' and '&' as six bytes each): a message that fits here then
 	// fits in its transcript entry, which carries the same text and less
@@ -401,6 +505,7 @@ func (s *Server) inboxMsg(m *inboxMessage) (*nats.Msg, *apiError) {
 	if m.inbound.PlatformMsgID != "" {
 		msg.Header.Set(broker.HdrPlatformMsgID, m.inbound.PlatformMsgID)
 	}
+	telemetry.Inject(ctx, msg.Header)
 	if limit := s.maxPayload(); limit > 0 {
 		// The payload limit counts the data and the header block, which
 		// also gets the Msg-Id and expected-stream headers of the publish.

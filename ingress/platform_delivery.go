@@ -11,9 +11,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 )
 
 // Defaults of PlatformDeliveryConfig.
@@ -107,8 +110,19 @@ type PlatformDeliveryConfig struct {
 	Backoff, BackoffMax time.Duration
 	// SendTimeout bounds one send. Defaults to 20s.
 	SendTimeout time.Duration
+	// LiveEdits makes a reply replace its turn's live message (posted by a
+	// LiveEdits of the platform, in any process) with its first part,
+	// rather than post a new one. It needs a Sender that is a LiveSender.
+	// Set it alike on every process of the fleet.
+	LiveEdits bool
 	// Logger receives structured logs. Defaults to a discard logger.
 	Logger *slog.Logger
+	// Metrics records send attempts, failures and replies given up, per
+	// platform; nil records nothing.
+	Metrics *telemetry.Metrics
+	// TracerProvider traces each delivery of a reply (a child of the
+	// worker's reply publish) and each platform send; nil traces nothing.
+	TracerProvider trace.TracerProvider
 }
 
 // deliveryState is the progress of one reply, kept in the delivered bucket
@@ -120,11 +134,14 @@ type deliveryState struct {
 	Sent   int `json:"sent"`
 	// Inflight is the chunk whose send started and whose outcome is not
 	// known; -1 for none.
-	Inflight int    `json:"inflight"`
-	Failures int    `json:"failures,omitempty"`
-	Done     bool   `json:"done,omitempty"`
-	Failed   bool   `json:"failed,omitempty"`
-	Error    string `json:"error,omitempty"`
+	Inflight int `json:"inflight"`
+	Failures int `json:"failures,omitempty"`
+	// Live is the platform id of the turn's live message (streamed
+	// deltas), which the first chunk replaces by an edit; empty for none.
+	Live   string `json:"live,omitempty"`
+	Done   bool   `json:"done,omitempty"`
+	Failed bool   `json:"failed,omitempty"`
+	Error  string `json:"error,omitempty"`
 }
 
 // DeliveryFailure is the event recorded on <prefix>.ev.delivery_failed.<lane>
@@ -189,6 +206,9 @@ func NewPlatformDelivery(js jetstream.JetStream, res *broker.Resources, cfg Plat
 	if cfg.MaxLen < 64 {
 		return nil, fmt.Errorf("%w: platform delivery: MaxLen %d is below 64", ErrInvalidConfig, cfg.MaxLen)
 	}
+	if _, ok := cfg.Sender.(LiveSender); cfg.LiveEdits && !ok {
+		return nil, fmt.Errorf("%w: platform delivery: LiveEdits needs a Sender that can edit messages", ErrInvalidConfig)
+	}
 	if cfg.Names.Prefix() == "" {
 		cfg.Names = broker.MustNames(broker.DefaultPrefix)
 	}
@@ -215,9 +235,10 @@ func NewPlatformDelivery(js jetstream.JetStream, res *broker.Resources, cfg Plat
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	log := cfg.Logger.With(slog.String("consumer", cfg.Names.DeliveryConsumer(string(cfg.Platform))))
+	cfg.Metrics.PlatformDelivery(string(cfg.Platform))
 	return &PlatformDelivery{
 		js: js, res: res, cfg: cfg, log: log,
-		dec:      &Delivery{names: cfg.Names, platform: string(cfg.Platform), log: log},
+		dec:      &Delivery{names: cfg.Names, platform: string(cfg.Platform), log: log, tracer: telemetry.Tracer(cfg.TracerProvider)},
 		lastSend: map[string]time.Time{},
 	}, nil
 }
@@ -338,6 +359,8 @@ func (d *PlatformDelivery) handle(ctx context.Context, msg jetstream.Msg) {
 	})
 	defer hb.Wait()
 	defer close(hbDone)
+	ctx, end := d.dec.traceDelivery(ctx, msg)
+	defer end()
 	d.deliverReply(ctx, msg)
 }
 
@@ -371,6 +394,9 @@ func (d *PlatformDelivery) deliverReply(ctx context.Context, msg jetstream.Msg) 
 	chunks := Split(rep.Text, d.cfg.MaxLen-d.cfg.Length(DuplicateLabel), d.cfg.Length)
 	st.Chunks = len(chunks)
 	target := Target{ChatID: rep.ChatID, ThreadID: rep.ThreadID, SessionKey: rep.SessionKey}
+	if st.Sent == 0 && st.Live == "" {
+		st.Live = d.claimLive(ctx, rep)
+	}
 	attempts := 0
 	for i := st.Sent; i < len(chunks); {
 		if ctx.Err() != nil {
@@ -378,7 +404,8 @@ func (d *PlatformDelivery) deliverReply(ctx context.Context, msg jetstream.Msg) 
 			return
 		}
 		text := chunks[i]
-		if st.Inflight == i || (i == 0 && rep.PossibleDuplicate) {
+		edit := i == 0 && st.Live != ""
+		if !edit && (st.Inflight == i || (i == 0 && rep.PossibleDuplicate)) {
 			text = DuplicateLabel + text
 		}
 		if !d.pace(ctx, msg, target.ChatID) {
@@ -398,8 +425,23 @@ func (d *PlatformDelivery) deliverReply(ctx context.Context, msg jetstream.Msg) 
 		}
 		attempts++
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.SendTimeout)
-		err := d.cfg.Sender.Send(sctx, target, text)
+		var span trace.Span
+		if d.dec.tracer != nil {
+			sctx, span = d.dec.tracer.Start(sctx, "platform send", trace.WithSpanKind(trace.SpanKindClient),
+				trace.WithAttributes(telemetry.AttrPlatform.String(string(d.cfg.Platform)), attribute.Int("agentfleet.chunk", i),
+					attribute.Int("agentfleet.attempt", attempts), attribute.Bool("agentfleet.edit", edit)))
+		}
+		var err error
+		if edit {
+			// Replaces the streamed text: an edit is idempotent, so it
+			// never needs the duplicate label.
+			err = d.cfg.Sender.(LiveSender).Edit(sctx, target, st.Live, text)
+		} else {
+			err = d.cfg.Sender.Send(sctx, target, text)
+		}
+		endSpan(span, err)
 		cancel()
+		d.cfg.Metrics.DeliveryAttempt(ctx, string(d.cfg.Platform), err)
 		d.lastSend[target.ChatID] = time.Now()
 		if err == nil {
 			st.Sent, st.Inflight = i+1, -1
@@ -415,7 +457,14 @@ func (d *PlatformDelivery) deliverReply(ctx context.Context, msg jetstream.Msg) 
 		if !errors.As(err, &se) {
 			se = &SendError{Err: err}
 		}
-		if !se.Ambiguous {
+		if edit && se.Permanent {
+			// The live message is gone (deleted, too old to edit): post
+			// the reply as a new message instead.
+			log.LogAttrs(ctx, slog.LevelWarn, "live message not editable; posting the reply", slog.Any("error", err))
+			st.Live, st.Inflight = "", -1
+			continue
+		}
+		if !se.Ambiguous || edit {
 			st.Inflight = -1 // nothing was posted: the retry needs no label
 		}
 		if se.RetryAfter > 0 && !se.Permanent {
@@ -504,6 +553,7 @@ func (d *PlatformDelivery) giveUp(ctx context.Context, msg jetstream.Msg, lane s
 		}
 		backoff = min(2*backoff, deliveryBackoffMax)
 	}
+	d.cfg.Metrics.DeliveryGivenUp(ctx, string(d.cfg.Platform))
 	d.log.LogAttrs(ctx, slog.LevelError, "reply delivery failed; given up",
 		slog.String("reply_id", rep.ID), slog.String("session_key", rep.SessionKey),
 		slog.Uint64("outbox_seq", outSeq), slog.Int("attempts", attempts), slog.Any("error", cause))

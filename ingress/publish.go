@@ -35,7 +35,18 @@ type Message struct {
 	// Text is the user's text (a command such as "/new@mybot" included).
 	Text string
 	// ReplyTo is the platform id of the message this one answers, if any.
+	// When Quote is set, its MessageID is used and ReplyTo may stay empty.
 	ReplyTo string
+	// Quote is the message this one replies to or quotes (id, text,
+	// sender), when the platform gives it.
+	Quote *session.Quote
+	// Attachments are the files the message carries, as references: a
+	// platform file id and a URL the agent can fetch (never the bytes).
+	// With attachments, Text is the caption and may be blank; it is never
+	// read as a command.
+	Attachments []session.Attachment
+	// MediaGroup is the platform's album id (Telegram media_group_id).
+	MediaGroup string
 	// DedupID is the platform's id of this delivery, the same on every
 	// retry of it, e.g. PlatformMsgID(telegram, chat, message). It becomes
 	// the Nats-Msg-Id and the key in the msgids bucket. Empty means the
@@ -78,6 +89,13 @@ func (s *Server) Publisher() *Publisher { return &Publisher{s: s} }
 // Names returns the fleet names the publisher writes under.
 func (p *Publisher) Names() broker.Names { return p.s.names }
 
+// SessionKey returns the session key a message from src is published
+// under: the derivation Publish uses, WhatsApp canonicalization included.
+func (p *Publisher) SessionKey(src session.SessionSource) string {
+	src.Normalize()
+	return session.BuildSessionKey(src, p.s.cfg.KeyOptions)
+}
+
 // Publish validates m, derives its lane and publishes it, unless m.DedupID
 // is known (then it returns the original's seq with Duplicate set). An
 // error wraps ErrRejected or ErrUnavailable.
@@ -90,14 +108,29 @@ func (p *Publisher) Publish(ctx context.Context, m Message) (Accepted, error) {
 	if err := src.Validate(); err != nil {
 		return Accepted{}, fmt.Errorf("%w: %s", ErrRejected, strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
-	if strings.TrimSpace(m.Text) == "" {
+	if strings.TrimSpace(m.Text) == "" && len(m.Attachments) == 0 {
 		return Accepted{}, fmt.Errorf("%w: text is blank", ErrRejected)
 	}
-	im, e := p.s.newInbound(src, m.Text, m.DedupID, time.Now().UTC())
+	q := m.Quote
+	if q == nil && m.ReplyTo != "" {
+		q = &session.Quote{MessageID: m.ReplyTo}
+	}
+	if q != nil {
+		c := *q
+		c.Trim()
+		q = &c
+	}
+	if err := session.ValidateMedia(m.Attachments, q); err != nil {
+		return Accepted{}, fmt.Errorf("%w: %s", ErrRejected, strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	if err := session.ValidateID("media_group", m.MediaGroup); err != nil {
+		return Accepted{}, fmt.Errorf("%w: %v", ErrRejected, err)
+	}
+	im, e := p.s.newInbound(src, m.Text, m.DedupID, time.Now().UTC(), m.Attachments)
 	if e != nil {
 		return Accepted{}, publishError(e)
 	}
-	im.inbound.ReplyTo = m.ReplyTo
+	im.setMedia(q, m.Attachments, m.MediaGroup)
 	resp, e := p.s.acceptCtx(ctx, im)
 	if e != nil {
 		return Accepted{}, publishError(e)
@@ -131,11 +164,11 @@ func PlatformMsgID(p session.Platform, chatID, messageID string) string {
 // newInbound derives everything the inbox message of a validated source
 // needs: session key, lane, subject, kind. pmid is the platform message id
 // (empty: a random Msg-Id).
-func (s *Server) newInbound(src session.SessionSource, text, pmid string, now time.Time) (*inboxMessage, *apiError) {
+func (s *Server) newInbound(src session.SessionSource, text, pmid string, now time.Time, atts []session.Attachment) (*inboxMessage, *apiError) {
 	key := session.BuildSessionKey(src, s.cfg.KeyOptions)
 	lane := session.LaneToken(key)
-	kind, command, args := session.Classify(text)
-	if kind == session.KindQueue {
+	kind, command, args := session.ClassifyMessage(text, atts)
+	if command == session.CmdQueue {
 		if strings.TrimSpace(args) == "" {
 			return nil, badRequest("/%s needs the text to queue, as in \"/%s <text>\"", command, command)
 		}
@@ -161,4 +194,17 @@ func (s *Server) newInbound(src session.SessionSource, text, pmid string, now ti
 		m.msgID = randomID()
 	}
 	return m, nil
+}
+
+// setMedia puts the quote, attachments and album id of a message into its
+// inbox body; the quote's id is also the body's reply_to.
+func (m *inboxMessage) setMedia(q *session.Quote, atts []session.Attachment, group string) {
+	m.inbound.Quote = q
+	if q != nil {
+		m.inbound.ReplyTo = q.MessageID
+	}
+	if len(atts) > 0 {
+		m.inbound.Attachments = append([]session.Attachment(nil), atts...)
+	}
+	m.inbound.MediaGroup = group
 }

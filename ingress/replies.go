@@ -30,6 +30,9 @@ type replyView struct {
 	SessionID string `json:"session_id"`
 	Text      string `json:"text"`
 	Kind      string `json:"kind"`
+	// ReplyTo is the platform message id the reply answers: the newest
+	// message of its turn (the turn's reply anchor), when it had one.
+	ReplyTo string `json:"reply_to,omitempty"`
 }
 
 type repliesResponse struct {
@@ -350,5 +353,6 @@ func (s *Server) view(m *jetstream.RawStreamMsg) (replyView, bool) {
 		SessionID: rep.SessionID,
 		Text:      rep.Text,
 		Kind:      rep.Kind,
+		ReplyTo:   rep.ReplyTo,
 	}, true
 }

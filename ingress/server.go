@@ -18,10 +18,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 )
 
 // Defaults of Config.
@@ -76,6 +78,10 @@ type Config struct {
 	// once; one more is answered 429. A client is its bearer token when
 	// it sends one, else its IP address. Defaults to 256.
 	MaxReadersPerClient int
+	// TracerProvider traces the requests and the inbox publishes, and
+	// puts the trace context in the inbox messages' headers. Nil: no
+	// spans (a client's traceparent is not passed on either).
+	TracerProvider trace.TracerProvider
 }
 
 // ScopedToken is a bearer token limited to the session keys that start with
@@ -159,6 +165,7 @@ type Server struct {
 	names  broker.Names
 	log    *slog.Logger
 	msgIDs *kv.MsgIDs
+	tracer trace.Tracer
 
 	// tokenSum is the SHA-256 of Config.Token, compared in constant time.
 	tokenSum [sha256.Size]byte
@@ -202,6 +209,7 @@ func New(js jetstream.JetStream, res *broker.Resources, cfg Config) (*Server, er
 		names:  cfg.Names,
 		log:    cfg.Logger,
 		msgIDs: kv.NewMsgIDs(res),
+		tracer: telemetry.Tracer(cfg.TracerProvider),
 	}
 	s.tokenSum = sha256.Sum256([]byte(cfg.Token))
 	for _, st := range cfg.ScopedTokens {
@@ -332,6 +340,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /v1/sessions/{session_key}", s.authed(s.handleGetSession))
 	mux.Handle("GET /v1/sessions/{session_key}/replies", s.authed(s.handleReplies))
 	mux.Handle("GET /v1/sessions/{session_key}/events", s.authed(s.handleEvents))
+	s.mountConsole(mux) // the operations console, /console (checks its admin token itself)
 
 	// The same paths with any other method: 405 with a JSON body (the mux's
 	// own 405 is plain text).

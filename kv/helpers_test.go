@@ -112,23 +112,6 @@ func keyOf(s session.SessionSource) string {
 
 func laneOf(s session.SessionSource) string { return session.LaneToken(keyOf(s)) }
 
-// policy returns a kv.Policy with reset policy rp in UTC and a one-hour
-// resume freshness.
-func policy(rp session.ResetPolicy) kv.Policy {
-	return kv.Policy{
-		Reset:     session.ResetConfig{Default: rp},
-		Location:  time.UTC,
-		Freshness: time.Hour,
-		Keys:      session.DefaultKeyOptions(),
-	}
-}
-
-var (
-	noReset = session.ResetPolicy{Mode: session.ResetNone}
-	idle60  = session.ResetPolicy{Mode: session.ResetIdle, IdleMinutes: 60}
-	daily4  = session.ResetPolicy{Mode: session.ResetDaily, AtHour: 4}
-)
-
 // overwrite replaces the lane's entry (whatever its revision) and returns the
 // new revision.
 func overwrite(t *testing.T, st *kv.Store, lane string, e *session.SessionEntry) uint64 {
@@ -181,15 +164,22 @@ func revOf(t *testing.T, st *kv.Store, lane string) uint64 {
 	return rev
 }
 
-// create makes the lane's first session at the store's clock.
+// create makes the lane's first session at the store's clock, as the
+// lane's owner does on its first turn.
 func create(t *testing.T, st *kv.Store, s session.SessionSource) *session.SessionEntry {
 	t.Helper()
-	e, dec, err := st.GetOrCreateSession(context.Background(), s, policy(noReset), false)
+	e, _, err := st.Mutate(context.Background(), laneOf(s), nil, 0, nil, func(e *session.SessionEntry) (*session.SessionEntry, error) {
+		if e != nil {
+			return nil, fmt.Errorf("lane already has session %s", e.SessionID)
+		}
+		now := st.Now()
+		e = &session.SessionEntry{SessionKey: keyOf(s), Platform: s.Platform, ChatType: s.ChatType, CostStatus: "unknown"}
+		e.SetOrigin(s)
+		e.StartSession(session.NewSessionID(now), "", now)
+		return e, nil
+	})
 	if err != nil {
 		t.Fatalf("create session for %s: %v", s.ChatID, err)
-	}
-	if !dec.Reset {
-		t.Fatalf("create session for %s: lane already had a session", s.ChatID)
 	}
 	return e
 }

@@ -362,9 +362,7 @@ func TestLeaseClockSkew(t *testing.T) {
 	}
 	// The contender's view of the lane is a day in the future: by its clock
 	// the lane has been idle for a day.
-	if _, _, err := skewed.GetOrCreateSession(ctx, src("skew"), policy(idle60), false); err != nil {
-		t.Fatal(err)
-	}
+	create(t, skewed, src("skew"))
 
 	stop := make(chan struct{})
 	renewErr := make(chan error, 1)

@@ -185,6 +185,11 @@ func idProblem(v string) string {
 	if len(v) > MaxIDLength {
 		return fmt.Sprintf("%d bytes is longer than the limit of %d", len(v), MaxIDLength)
 	}
+	return idCharProblem(v)
+}
+
+// idCharProblem is idProblem without the length bound.
+func idCharProblem(v string) string {
 	if strings.Contains(v, "..") {
 		return `contains ".."`
 	}

@@ -23,7 +23,17 @@ type Inbound struct {
 	PlatformMsgID string `json:"platform_msg_id,omitempty"`
 	// ReplyTo is the platform id of the message this one replies to, when
 	// the user replied to one.
-	ReplyTo    string    `json:"reply_to,omitempty"`
+	ReplyTo string `json:"reply_to,omitempty"`
+	// Quote is the message this one replies to or quotes, with its text
+	// and sender when the platform gives them (Quote.MessageID == ReplyTo).
+	Quote *Quote `json:"quote,omitempty"`
+	// Attachments are the files the message carries, as references (see
+	// Attachment): the bytes are never in the inbox. Text then holds the
+	// caption, if any.
+	Attachments []Attachment `json:"attachments,omitempty"`
+	// MediaGroup is the platform's id of the album this message belongs to
+	// (Telegram media_group_id), when it is one of several sent together.
+	MediaGroup string    `json:"media_group,omitempty"`
 	ReceivedAt time.Time `json:"received_at"`
 }
 
@@ -43,6 +53,10 @@ type Reply struct {
 	CreatedAt  time.Time `json:"created_at"`
 	// PossibleDuplicate marks a reply whose earlier send was ambiguous.
 	PossibleDuplicate bool `json:"possible_duplicate,omitempty"`
+
+	// ReplyTo is the platform id of the message the reply answers: the
+	// newest message of its turn (the reply anchor of a merged turn).
+	ReplyTo string `json:"reply_to,omitempty"`
 }
 
 // Delta is a piece of a reply being written, streamed while a turn runs.
@@ -85,6 +99,26 @@ const (
 	CmdBusy   = "busy"
 	CmdTitle  = "title"
 	CmdQueue  = "queue"
+)
+
+// Names of the admin commands fleetctl publishes into a lane's inbox
+// (Inbound.Command of a KindCommand message no user text classifies to).
+const (
+	CmdSuspend       = "suspend"
+	CmdResumePending = "resume_pending"
+)
+
+// Names of the internal commands the fleet itself publishes into a lane's
+// inbox (Inbound.Command of a KindInternal message), so that the lane's
+// owner applies them in order with everything else.
+const (
+	// CmdWake wakes a lane no worker holds.
+	CmdWake = "wake"
+	// CmdExpire ends a session whose reset policy expired it.
+	CmdExpire = "expire"
+	// CmdAutoResume runs the automatic turn of a resume_pending lane with
+	// no turn in flight; its Args name the session.
+	CmdAutoResume = "resume"
 )
 
 // Commands the fleet handles itself. Any other /word is passed to the agent

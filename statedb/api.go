@@ -184,7 +184,7 @@ func (a *API) handler(name string, h func(context.Context, []byte) (any, error))
 				code = "400"
 			}
 			if code == "500" {
-				a.log.Warn("api request failed", "endpoint", name, "err", err)
+				a.log.Warn("api request failed", "endpoint", name, "error", err)
 			}
 			_ = req.Error(code, err.Error(), nil)
 			return

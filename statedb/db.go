@@ -224,7 +224,7 @@ func (db *DB) afterWrite(ctx context.Context) {
 	db.mu.Unlock()
 	if due {
 		if _, err := db.w.ExecContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`); err != nil {
-			db.log.Debug("wal checkpoint", "err", err)
+			db.log.Debug("wal checkpoint", "error", err)
 		}
 	}
 }

@@ -184,7 +184,7 @@ func (ix *Indexer) Run(ctx context.Context) error {
 		if errors.As(err, &fatal) {
 			return fatal.err
 		}
-		ix.log.Warn("indexer restarting", "err", err, "pause", pause)
+		ix.log.Warn("indexer restarting", "error", err, "pause", pause)
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
@@ -496,7 +496,7 @@ func (ix *Indexer) apply(ctx context.Context, batch []delivery) error {
 			it.sid = strings.TrimPrefix(subj, ix.cfg.Names.TranscriptWildcard()[:len(ix.cfg.Names.TranscriptWildcard())-1])
 			var e transcript.Entry
 			if err := json.Unmarshal(d.msg.Data(), &e); err != nil {
-				ix.log.Warn("undecodable transcript entry skipped", "subject", subj, "seq", d.seq, "err", err)
+				ix.log.Warn("undecodable transcript entry skipped", "subject", subj, "seq", d.seq, "error", err)
 			} else {
 				e.Seq = d.seq
 				it.entry = &e
@@ -590,7 +590,7 @@ func (ix *Indexer) lookup(ctx context.Context, sid string, first time.Time) sess
 	rec, err := ix.store.LookupIndex(lctx, sid)
 	if err != nil {
 		if !errors.Is(err, kv.ErrNotFound) {
-			ix.log.Warn("session index lookup", "session_id", sid, "err", err)
+			ix.log.Warn("session index lookup", "session_id", sid, "error", err)
 		}
 		return info
 	}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/agentfleet/agentfleet/session"
 )
 
 // Entry kinds.
@@ -77,6 +79,10 @@ type Entry struct {
 	// TurnID is the turn that wrote the entry (also header Fleet-Turn-Id).
 	TurnID     string `json:"turn_id,omitempty"`
 	SenderName string `json:"sender_name,omitempty"`
+	// Attachments and Quote are, on user entries, the files the message
+	// carried (references, never bytes) and the message it replied to.
+	Attachments []session.Attachment `json:"attachments,omitempty"`
+	Quote       *session.Quote       `json:"quote,omitempty"`
 
 	// Epoch and Owner are the new owner's lease epoch and id (KindFence).
 	Epoch uint64 `json:"epoch,omitempty"`

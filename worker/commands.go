@@ -16,27 +16,27 @@ import (
 // runCommand records a command's intent and runs it. Commands travel through
 // the lane inbox, so they are ordered with the messages around them; each
 // answers the user with a short notice.
-func (l *lane) runCommand(m inboxMsg) bool {
+func (l *lane) runCommand(m inboxMsg) error {
 	w := l.w
 	// A platform retry of a command is not applied twice (an /undo undoing
 	// two turns).
 	if dup, err := l.duplicate(m); err != nil {
-		return false
+		return l.failed(err)
 	} else if dup {
-		return l.commitSimple(m.seq)
+		return l.commit(m.seq)
 	}
 	if session.ReadOnlyCommand(m.body.Command) && l.entry.SessionID != "" {
 		// Answered at once while a turn ran: its answer is in the
 		// transcript; republish it (same Msg-Id) and move on.
 		st, err := l.txFor(l.entry.SessionID)
 		if err != nil {
-			return false
+			return l.failed(err)
 		}
 		if e, ok := findEntry(st, answerID(m.seq)); ok {
 			if err := l.publishReply(st, &session.TurnIntent{ID: e.TurnID}, *e, session.ReplyKindNotice, sourceOf(l.entry, []inboxMsg{m})); err != nil {
-				return false
+				return l.failed(err)
 			}
-			return l.commitSimple(m.seq)
+			return l.commit(m.seq)
 		}
 	}
 	now := w.cfg.Now()
@@ -71,7 +71,7 @@ func (l *lane) runCommand(m inboxMsg) bool {
 			intent.ResetReason = session.ReasonFork
 			intent.ForkFrom = target
 			if err := w.store.Index(context.WithoutCancel(l.ctx), intent.SessionID, indexRecord(l.lane, l.entry.SessionKey, now, target)); err != nil {
-				return false
+				return l.failed(err)
 			}
 		}
 	}
@@ -81,9 +81,9 @@ func (l *lane) runCommand(m inboxMsg) bool {
 			intent.PreviousSessionID = l.entry.SessionID
 		}
 		switch cmd {
-		case "new":
+		case session.CmdNew:
 			intent.ResetReason = session.ReasonNew
-		case "reset":
+		case session.CmdReset:
 			intent.ResetReason = session.ReasonReset
 		}
 		rec := indexRecord(l.lane, l.entry.SessionKey, now, intent.PreviousSessionID)
@@ -91,7 +91,7 @@ func (l *lane) runCommand(m inboxMsg) bool {
 			rec.Title = l.nextTitle(title, "")
 		}
 		if err := w.store.Index(context.WithoutCancel(l.ctx), intent.SessionID, rec); err != nil {
-			return false
+			return l.failed(err)
 		}
 	}
 	src := sourceOf(l.entry, []inboxMsg{m})
@@ -118,40 +118,40 @@ func (l *lane) runCommand(m inboxMsg) bool {
 		return e, nil
 	}, true)
 	if err != nil {
-		return false
+		return l.failed(err)
 	}
 	return l.runCommandIntent(intent, []inboxMsg{m})
 }
 
 // runCommandIntent executes a recorded command intent; it is idempotent, so
 // recovery simply runs it again.
-func (l *lane) runCommandIntent(intent *session.TurnIntent, msgs []inboxMsg) bool {
+func (l *lane) runCommandIntent(intent *session.TurnIntent, msgs []inboxMsg) error {
 	if len(msgs) == 0 {
 		// The message is gone (pruned): nothing to do but commit.
-		return l.commit(intent, StatusCommand, nil, nil)
+		return l.commitTurn(intent, StatusCommand, nil, nil)
 	}
 	m := msgs[0]
 	src := sourceOf(l.entry, msgs)
 	st, err := l.txFor(intent.SessionID)
 	if err != nil {
-		return false
+		return l.failed(err)
 	}
 	if intent.PreviousSessionID != "" {
 		if err := l.closeOld(intent); err != nil {
-			return false
+			return l.failed(err)
 		}
 	}
 	if intent.ForkFrom != "" {
 		if err := l.copyFork(st, intent); err != nil {
-			l.log.Warn("fork session", "from", intent.ForkFrom, "err", err)
-			return false
+			l.log.Warn("fork session", "from", intent.ForkFrom, "error", err)
+			return l.failed(err)
 		}
 	}
 	text, apply, follow := l.commandEffect(st, intent, m)
 	if follow != nil {
 		// /retry: the rewind is stored; run the rewound text as a turn.
 		if err := l.emitNotice(st, intent, intent.ID+":notice:0", text, src); err != nil {
-			return false
+			return l.failed(err)
 		}
 		// The intent stays a command in the entry (recovery finds the
 		// stored rewind and counts the attempt, see recoverRetry): the turn
@@ -163,7 +163,7 @@ func (l *lane) runCommandIntent(intent *session.TurnIntent, msgs []inboxMsg) boo
 	}
 	if text != "" {
 		if err := l.emitNotice(st, intent, intent.ID+":notice:0", text, src); err != nil {
-			return false
+			return l.failed(err)
 		}
 	}
 	return l.finish(st, intent, StatusCommand, nil, apply)
@@ -175,9 +175,9 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 	e := l.entry
 	args := strings.TrimSpace(m.body.Args)
 	switch m.body.Command {
-	case "stop":
+	case session.CmdStop:
 		return "⏹ Stopped. Your next message starts a fresh session.", func(e *session.SessionEntry) { e.Suspended = true }, nil
-	case "new", "reset":
+	case session.CmdNew, session.CmdReset:
 		_, titleErr := session.SanitizeTitle(args)
 		if m.body.Command == session.CmdNew && args != "" && titleErr != nil && intent.ResetReason != session.ReasonNew {
 			return "⚠️ No new session: " + titleErr.Error() + ".", nil, nil
@@ -197,15 +197,15 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 			e.DiscardedQueue = 0
 			e.IsFreshReset = true // consumed by the first turn of the new session
 		}, nil
-	case "suspend":
+	case session.CmdSuspend:
 		return "", func(e *session.SessionEntry) { e.Suspended = true }, nil
-	case "resume_pending":
+	case session.CmdResumePending:
 		reason := args
 		if reason == "" {
 			reason = ResumeRestartInterrupted
 		}
 		return "", func(e *session.SessionEntry) { e.MarkResumePending(reason, l.w.cfg.Now()) }, nil
-	case "busy":
+	case session.CmdBusy:
 		switch args {
 		case BusyInterrupt, BusyQueue, BusySteer:
 			return "Busy mode set to " + args + ".", func(e *session.SessionEntry) { e.BusyMode = args }, nil
@@ -218,11 +218,11 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 		return l.readOnlyText(e, m), nil, nil
 	case session.CmdTitle:
 		return l.setTitle(e, args), nil, nil
-	case "queue":
+	case session.CmdQueue:
 		return "Usage: /queue <text> queues a message that gets its own turn.", nil, nil
-	case "undo", "retry":
+	case session.CmdUndo, session.CmdRetry:
 		n := 1
-		if m.body.Command == "undo" && args != "" {
+		if m.body.Command == session.CmdUndo && args != "" {
 			v, err := strconv.Atoi(args)
 			if err != nil || v < 1 {
 				return "Usage: /undo [n] with n ≥ 1.", nil, nil
@@ -238,25 +238,25 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 			var ctl *transcript.Entry
 			ctl, turns, target = transcript.RewindUserTurns(st.entries, n)
 			if ctl == nil {
-				if m.body.Command == "retry" {
+				if m.body.Command == session.CmdRetry {
 					return "Nothing to retry.", nil, nil
 				}
 				return "Nothing to undo.", nil, nil
 			}
 			ctl.ID = intent.ID + ":rewind"
 			ctl.TurnID = intent.ID
-			if err := l.appendOwned(st, ctl); err != nil {
+			if err := l.append(st, ctl); err != nil {
 				return "Could not rewind: " + err.Error(), nil, nil
 			}
 		}
-		if m.body.Command == "retry" {
+		if m.body.Command == session.CmdRetry {
 			follow := m
 			follow.body.Text = target
 			follow.kind = session.KindMessage
 			return "🔁 Retrying your last message.", nil, &follow
 		}
 		return fmt.Sprintf("↩️ Undid %d turn(s).", turns), nil, nil
-	case "resume":
+	case session.CmdResume:
 		if intent.ResetReason == session.ReasonFork {
 			return fmt.Sprintf("Forked session %s (from another conversation) into a new session %s.", intent.ForkFrom, intent.SessionID), nil, nil
 		}
@@ -484,7 +484,7 @@ func (l *lane) copyFork(st *txState, intent *session.TurnIntent) error {
 		}
 		c := e
 		c.ID, c.Seq, c.InboxSeq, c.TurnID = id, 0, 0, intent.ID
-		if err := l.appendOwned(st, &c); err != nil {
+		if err := l.append(st, &c); err != nil {
 			return err
 		}
 	}

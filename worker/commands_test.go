@@ -804,11 +804,19 @@ func TestQueueDepthAfterNew(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
 	f.startWorker("w1", noReset)
-	// a runs long enough for the depth to be seen on a loaded machine (with
-	// a 1s run the check could come after a ended and b had started).
-	lane, sa := f.send("qdepth", "/queue a\n!sleep 8s")
+	// The entry's depth is the snapshot a /queue turn takes when it starts,
+	// so b and c must be in the inbox before a starts: a turn holds the lane
+	// while the three are sent. a runs long enough for the depth to be seen
+	// on a loaded machine (with a 1s run the check could come after a ended
+	// and b had started).
+	lane, sh := f.send("qdepth", "hold\n!sleep 5s")
+	f.waitTurn(lane, sh)
+	_, sa := f.send("qdepth", "/queue a\n!sleep 8s")
 	f.send("qdepth", "/queue b")
 	f.send("qdepth", "/queue c")
+	if e := f.entry(lane); e.Turn == nil || e.Turn.FirstSeq != sh {
+		t.Fatalf("the holding turn ended before the queue was sent: the test needs a longer hold")
+	}
 	f.waitTurn(lane, sa)
 	natstest.WaitFor(t, 8*time.Second, "queue depth 2 while a runs", func() error {
 		if d := f.entry(lane).QueueDepth; d != 2 {

@@ -6,18 +6,20 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/broker"
-	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/config"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/telemetry"
 )
 
 // Busy modes: what a message arriving during a running turn does.
 const (
-	BusyInterrupt = "interrupt"
-	BusyQueue     = "queue"
-	BusySteer     = "steer"
+	BusyInterrupt = config.BusyInterrupt
+	BusyQueue     = config.BusyQueue
+	BusySteer     = config.BusySteer
 )
 
 // Config configures a Worker.
@@ -31,35 +33,39 @@ type Config struct {
 	Names broker.Names
 	// Backend creates agents. Required.
 	Backend agent.Backend
-	// LeaseTTL is the lane lease TTL, judged by the server. Defaults to 15s.
+	// LeaseTTL is the lane lease TTL, judged by the server. Defaults to
+	// lease.ttl's default (broker.DefaultLeaseTTL).
 	LeaseTTL time.Duration
 	// LeaseMargin is how long before its lease could expire an owner stops
-	// writing. Defaults to 2s (and at most LeaseTTL/3).
+	// writing. Defaults to lease.margin's default (and at most LeaseTTL/3).
 	LeaseMargin time.Duration
 	// Linger is how long an idle lane stays owned so follow-ups meet a warm
-	// cache. Defaults to 30s.
+	// cache. Defaults to worker.linger's default.
 	Linger time.Duration
 	// PeekInterval is how often a lingering lane re-reads its inbox even
 	// without a hint. Defaults to 2s.
 	PeekInterval time.Duration
-	// MaxLanes bounds the lanes owned at once. Defaults to 64.
+	// MaxLanes bounds the lanes owned at once. Defaults to worker.lanes's default.
 	MaxLanes int
-	// MaxTurns bounds the turns running at once. Defaults to 16.
+	// MaxTurns bounds the turns running at once. Defaults to worker.turns's default.
 	MaxTurns int
-	// MaxTurnMessages and MaxTurnBytes cap one turn. Defaults 50 and 256 KiB.
+	// MaxTurnMessages and MaxTurnBytes cap one turn. Default to the
+	// configuration's worker.max_turn_messages and worker.max_turn_bytes.
 	MaxTurnMessages int
 	MaxTurnBytes    int
-	// BusyMode is the default busy mode of lanes. Defaults to interrupt.
+	// BusyMode is the default busy mode of lanes. Defaults to
+	// worker.busy_mode's default.
 	BusyMode string
 	// CollectWindow keeps a burst of follow-ups together after an interrupt.
 	// Defaults to 200ms.
 	CollectWindow time.Duration
-	// GatewayTimeout bounds one agent run. Defaults to 30m.
+	// GatewayTimeout bounds one agent run. Defaults to
+	// agent.gateway_timeout's default.
 	GatewayTimeout time.Duration
-	// Freshness is agent.gateway_auto_continue_freshness. Defaults to 1h.
+	// Freshness is agent.gateway_auto_continue_freshness, with its default.
 	Freshness time.Duration
 	// DrainTimeout is how long a graceful stop waits for running turns.
-	// Defaults to 60s.
+	// Defaults to agent.restart_drain_timeout's default.
 	DrainTimeout time.Duration
 	// Restart marks a graceful stop as a restart (resume reason
 	// restart_timeout instead of shutdown_timeout).
@@ -70,7 +76,8 @@ type Config struct {
 	Location *time.Location
 	// Context configures the session context prompt.
 	Context session.ContextOptions
-	// CacheSize and CacheIdleTTL bound the agent cache. Defaults 128 and 1h.
+	// CacheSize and CacheIdleTTL bound the agent cache. Default to the
+	// configuration's worker.cache_size and worker.cache_idle_ttl.
 	CacheSize    int
 	CacheIdleTTL time.Duration
 	// WatchInterval is how often the expiry watcher's leader sweeps for
@@ -88,6 +95,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics records the worker's metrics; nil records nothing.
 	Metrics *telemetry.Metrics
+	// TracerProvider traces deliveries and turns, continuing the trace
+	// the ingress put in each inbox message's headers; nil traces nothing.
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -101,43 +111,43 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.Names.Prefix() == "" {
 		out.Names = broker.MustNames(broker.DefaultPrefix)
 	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
+	// The defaults of the knobs the configuration file has are the
+	// configuration's own (config.Default), so each lives in one place;
+	// the others are the worker's alone.
+	d := config.Default()
+	def := func(p *time.Duration, v time.Duration) {
+		if *p <= 0 {
+			*p = v
 		}
 	}
-	def(&out.LeaseTTL, 15*time.Second)
-	def(&out.LeaseMargin, 2*time.Second)
+	defInt := func(p *int, v int) {
+		if *p <= 0 {
+			*p = v
+		}
+	}
+	def(&out.LeaseTTL, d.Lease.TTL.Duration())
+	def(&out.LeaseMargin, d.Lease.Margin.Duration())
 	if out.LeaseMargin > out.LeaseTTL/3 {
 		out.LeaseMargin = out.LeaseTTL / 3
 	}
-	def(&out.Linger, 30*time.Second)
+	def(&out.Linger, d.Worker.Linger.Duration())
+	def(&out.GatewayTimeout, d.Agent.GatewayTimeout.Duration())
+	def(&out.Freshness, d.Agent.GatewayAutoContinueFreshness.Duration())
+	def(&out.DrainTimeout, d.Agent.RestartDrainTimeout.Duration())
+	def(&out.CacheIdleTTL, d.Worker.CacheIdleTTL.Duration())
+	defInt(&out.MaxLanes, d.Worker.Lanes)
+	defInt(&out.MaxTurns, d.Worker.Turns)
+	defInt(&out.MaxTurnMessages, d.Worker.MaxTurnMessages)
+	defInt(&out.MaxTurnBytes, d.Worker.MaxTurnBytes)
+	defInt(&out.CacheSize, d.Worker.CacheSize)
 	def(&out.PeekInterval, 2*time.Second)
 	def(&out.CollectWindow, 200*time.Millisecond)
-	def(&out.GatewayTimeout, 30*time.Minute)
-	def(&out.Freshness, time.Hour)
-	def(&out.DrainTimeout, 60*time.Second)
-	def(&out.CacheIdleTTL, time.Hour)
 	def(&out.WatchInterval, 5*time.Minute)
 	def(&out.PruneInterval, time.Hour)
-	if out.MaxLanes <= 0 {
-		out.MaxLanes = 64
-	}
-	if out.MaxTurns <= 0 {
-		out.MaxTurns = 16
-	}
-	if out.MaxTurnMessages <= 0 {
-		out.MaxTurnMessages = 50
-	}
-	if out.MaxTurnBytes <= 0 {
-		out.MaxTurnBytes = 256 << 10
-	}
-	if out.CacheSize <= 0 {
-		out.CacheSize = 128
+	if out.BusyMode == "" {
+		out.BusyMode = d.Worker.BusyMode
 	}
 	switch out.BusyMode {
-	case "":
-		out.BusyMode = BusyInterrupt
 	case BusyInterrupt, BusyQueue, BusySteer:
 	default:
 		return out, fmt.Errorf("worker: busy mode %q: want interrupt, queue or steer", out.BusyMode)
@@ -155,8 +165,4 @@ func (c *Config) withDefaults() (Config, error) {
 		out.Logger = slog.Default()
 	}
 	return out, nil
-}
-
-func (c *Config) policy() kv.Policy {
-	return kv.Policy{Reset: c.Reset, Location: c.Location, Freshness: c.Freshness, Keys: c.Context.KeyOptions}
 }

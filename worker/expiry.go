@@ -63,7 +63,7 @@ func (w *Worker) watchLeaseExpiries(ctx context.Context) error {
 		woke, err := w.wakeIfStranded(ctx, lane)
 		switch {
 		case err != nil && ctx.Err() == nil:
-			w.log.Warn("wake after lease expiry", "lane", lane, "err", err)
+			w.log.Warn("wake after lease expiry", "lane", lane, "error", err)
 		case woke:
 			w.log.Info("lease expired with work pending: lane woken", "lane", lane)
 			w.stats.ExpiryWakes.Add(1)
@@ -118,7 +118,7 @@ func (w *Worker) wakeStranded(ctx context.Context, lane string, e *session.Sessi
 	if !stranded {
 		return false, nil
 	}
-	if err := w.publishInternal(ctx, lane, e.SessionKey, internalWake, "", WakeMsgID(lane, e.CommittedSeq, e.LeaseEpoch)); err != nil {
+	if err := w.publishInternal(ctx, lane, e.SessionKey, session.CmdWake, "", WakeMsgID(lane, e.CommittedSeq, e.LeaseEpoch)); err != nil {
 		return false, err
 	}
 	return true, nil

@@ -168,7 +168,7 @@ func hint(seq, last uint64, text string) *nats.Msg {
 }
 
 func TestHintedMessages(t *testing.T) {
-	l := &lane{log: slog.New(slog.DiscardHandler)}
+	l := &owner{log: slog.New(slog.DiscardHandler)}
 	for _, h := range []*nats.Msg{hint(5, 0, "a"), hint(9, 5, "b"), hint(12, 9, "c")} {
 		if seq, ok := l.keepHint(h); !ok || seq == 0 {
 			t.Fatalf("keepHint refused %v", h.Header)

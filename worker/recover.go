@@ -16,8 +16,6 @@ import (
 	"github.com/agentfleet/agentfleet/transcript"
 )
 
-var errNoChange = kv.ErrNoChange
-
 // MaxInterruptedTurns is how many interrupted attempts in a row suspend a
 // lane and dead-letter the turn.
 const MaxInterruptedTurns = 3
@@ -123,24 +121,24 @@ func (l *lane) decisionNotes(dec session.Decision, policy session.ResetPolicy, p
 }
 
 // recoverTurn handles a lane whose previous owner left a turn in flight.
-func (l *lane) recoverTurn() bool {
+func (l *lane) recoverTurn() error {
 	w := l.w
 	t := l.entry.Turn.Clone()
 	w.stats.Recoveries.Add(1)
 	w.cfg.Metrics.LeaseTakeover(context.Background())
 	st, err := l.txFor(t.SessionID)
 	if err != nil {
-		l.log.Warn("load transcript for recovery", "err", err)
-		return false
+		l.log.Warn("load transcript for recovery", "error", err)
+		return l.failed(err)
 	}
 	msgs, err := l.readRange(t.FirstSeq, t.LastSeq)
 	if err != nil {
-		l.log.Warn("read turn range", "err", err)
-		return false
+		l.log.Warn("read turn range", "error", err)
+		return l.failed(err)
 	}
 	src := sourceOf(l.entry, msgs)
 	if err := l.republishInterim(st, t, src); err != nil {
-		return false
+		return l.failed(err)
 	}
 
 	// The turn finished before the crash: republish its outputs, commit.
@@ -152,11 +150,11 @@ func (l *lane) recoverTurn() bool {
 			switch {
 			case e.Kind == transcript.KindNotice:
 				if err := l.publishReply(st, t, e, session.ReplyKindNotice, src); err != nil {
-					return false
+					return l.failed(err)
 				}
 			case e.ID == t.ID+":reply":
 				if err := l.publishReply(st, t, e, session.ReplyKindReply, src); err != nil {
-					return false
+					return l.failed(err)
 				}
 			}
 		}
@@ -166,7 +164,7 @@ func (l *lane) recoverTurn() bool {
 		return l.finish(st, t, status, nil, l.endedEffect(st, t, status, msgs))
 	}
 	if t.Kind == session.KindCommand {
-		if len(msgs) > 0 && msgs[0].body.Command == "retry" {
+		if len(msgs) > 0 && msgs[0].body.Command == session.CmdRetry {
 			// /retry runs the agent: its attempts count like a turn's.
 			return l.recoverRetry(st, t, msgs, src)
 		}
@@ -181,10 +179,9 @@ func (l *lane) recoverTurn() bool {
 			if st.userSeqs[m.seq] {
 				continue
 			}
-			e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", t.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
-				Content: m.body.Text, InboxSeq: m.seq, TurnID: t.ID, SenderName: m.body.Source.UserName, Timestamp: w.cfg.Now()}
-			if err := l.appendOwned(st, &e); err != nil {
-				return false
+			e := userEntry(t.ID, m, w.cfg.Now())
+			if err := l.append(st, &e); err != nil {
+				return l.failed(err)
 			}
 		}
 		l.log.Info("resume cancelled by a command already in the inbox", "turn", t.ID)
@@ -218,7 +215,7 @@ func (l *lane) recoverTurn() bool {
 		// the running turns is bounded by the lease TTL.
 		release, alone, ok := w.turns.acquireAlone(l.ctx, w.cfg.LeaseTTL)
 		if !ok {
-			return false
+			return l.failed(nil)
 		}
 		defer release()
 		l.holdsGate = true
@@ -249,8 +246,8 @@ func (l *lane) recoverTurn() bool {
 	if t.Kind == session.KindMessage && t.RetryFrom <= t.LastSeq && interrupted < MaxInterruptedTurns-1 && l.busyMode() == BusyInterrupt {
 		joined, err := l.joinAhead(t.LastSeq, msgs)
 		if err != nil {
-			l.log.Warn("read the inbox ahead of the resumed turn", "err", err)
-			return false
+			l.log.Warn("read the inbox ahead of the resumed turn", "error", err)
+			return l.failed(err)
 		}
 		if len(joined) > len(msgs) {
 			msgs = joined
@@ -259,8 +256,8 @@ func (l *lane) recoverTurn() bool {
 		}
 	}
 	t.Notes = append(keepNonResume(t.Notes), resumeNote(reason))
-	if done, ok := l.recordAttempt(t, interrupted, func(e *session.SessionEntry) { e.MarkResumePending(reason, w.cfg.Now()) }); done {
-		return ok
+	if done, err := l.recordAttempt(t, interrupted, func(e *session.SessionEntry) { e.MarkResumePending(reason, w.cfg.Now()) }); done {
+		return err
 	}
 	l.log.Info("resuming interrupted turn", "turn", t.ID, "attempt", t.Attempt, "reason", reason, "interrupted_turns", interrupted)
 	w.event("resume", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "attempt": t.Attempt, "reason": reason})
@@ -274,14 +271,14 @@ func (l *lane) recoverTurn() bool {
 // which may be the very message that crashed its workers: its interrupted
 // attempts count, and at MaxInterruptedTurns the /retry is dead-lettered
 // and the lane suspended, as a message turn's would be.
-func (l *lane) recoverRetry(st *txState, t *session.TurnIntent, msgs []inboxMsg, src session.SessionSource) bool {
+func (l *lane) recoverRetry(st *txState, t *session.TurnIntent, msgs []inboxMsg, src session.SessionSource) error {
 	interrupted := l.interruptedCount(t)
 	if interrupted >= MaxInterruptedTurns {
 		return l.deadLetter(st, t, msgs, src, interrupted)
 	}
 	t.Attempt++
-	if done, ok := l.recordAttempt(t, interrupted, nil); done {
-		return ok
+	if done, err := l.recordAttempt(t, interrupted, nil); done {
+		return err
 	}
 	l.log.Info("resuming interrupted /retry", "turn", t.ID, "attempt", t.Attempt, "interrupted_turns", interrupted)
 	return l.runCommandIntent(t, msgs)
@@ -303,12 +300,12 @@ func (l *lane) interruptedCount(t *session.TurnIntent) int {
 // interrupted count in the entry, with also (when set) applied. done tells
 // the caller to return ok: the turn was no longer there (nothing to do) or
 // the write failed.
-func (l *lane) recordAttempt(t *session.TurnIntent, interrupted int, also func(*session.SessionEntry)) (done, ok bool) {
+func (l *lane) recordAttempt(t *session.TurnIntent, interrupted int, also func(*session.SessionEntry)) (done bool, err error) {
 	t.Owner = l.w.owner
 	t.Epoch = l.lease.Epoch
-	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+	err = l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 		if e.Turn == nil || e.Turn.ID != t.ID {
-			return nil, errNoChange
+			return nil, kv.ErrNoChange
 		}
 		e.Turn = t
 		e.InterruptedTurns = interrupted
@@ -318,13 +315,13 @@ func (l *lane) recordAttempt(t *session.TurnIntent, interrupted int, also func(*
 		return e, nil
 	}, true)
 	switch {
-	case err == errNoChange:
-		return true, true
+	case err == kv.ErrNoChange:
+		return true, nil
 	case err != nil:
-		l.log.Warn("record recovery", "err", err)
-		return true, false
+		l.log.Warn("record recovery", "error", err)
+		return true, l.failed(err)
 	}
-	return false, false
+	return false, nil
 }
 
 func keepNonResume(notes []string) []string {
@@ -364,15 +361,14 @@ func interruptedAt(st *txState, t *session.TurnIntent, e *session.SessionEntry) 
 // policy and for the automatic resume, and updated_at keeps the time of the
 // last real activity. The user's next message continues the session with
 // the resume note, unless the policy resets it (session.Decide).
-func (l *lane) parkStale(st *txState, t *session.TurnIntent, msgs []inboxMsg, reason string, at time.Time, interrupted int) bool {
+func (l *lane) parkStale(st *txState, t *session.TurnIntent, msgs []inboxMsg, reason string, at time.Time, interrupted int) error {
 	for _, m := range msgs {
 		if st.userSeqs[m.seq] || m.kind == session.KindInternal {
 			continue
 		}
-		e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", t.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
-			Content: m.body.Text, InboxSeq: m.seq, TurnID: t.ID, SenderName: m.body.Source.UserName, Timestamp: l.w.cfg.Now()}
-		if err := l.appendOwned(st, &e); err != nil {
-			return false
+		e := userEntry(t.ID, m, l.w.cfg.Now())
+		if err := l.append(st, &e); err != nil {
+			return l.failed(err)
 		}
 	}
 	updated := l.entry.UpdatedAt
@@ -402,7 +398,7 @@ func (l *lane) joinAhead(seq uint64, msgs []inboxMsg) ([]inboxMsg, error) {
 		if m == nil {
 			break
 		}
-		if m.kind == session.KindInternal && m.body.Command == internalWake {
+		if m.kind == session.KindInternal && m.body.Command == session.CmdWake {
 			next = m.seq + 1
 			continue
 		}
@@ -419,14 +415,14 @@ func (l *lane) joinAhead(seq uint64, msgs []inboxMsg) ([]inboxMsg, error) {
 // deadLetter suspends the lane after repeated interrupted attempts: the
 // turn's messages go to the dead-letter subject with the reason, the user is
 // told, and the next message starts a fresh session linked to this one.
-func (l *lane) deadLetter(st *txState, t *session.TurnIntent, msgs []inboxMsg, src session.SessionSource, interrupted int) bool {
+func (l *lane) deadLetter(st *txState, t *session.TurnIntent, msgs []inboxMsg, src session.SessionSource, interrupted int) error {
 	w := l.w
 	reason := fmt.Sprintf("interrupted %d times in a row", interrupted)
 	for _, m := range msgs {
 		raw, err := w.res.Inbox.GetMsg(context.WithoutCancel(l.ctx), m.seq)
 		if err != nil {
-			l.log.Warn("read message to dead-letter", "seq", m.seq, "err", err)
-			return false
+			l.log.Warn("read message to dead-letter", "seq", m.seq, "error", err)
+			return l.failed(err)
 		}
 		dl := nats.NewMsg(w.names.DeadLetterSubject(l.lane))
 		dl.Data = raw.Data
@@ -445,12 +441,12 @@ func (l *lane) deadLetter(st *txState, t *session.TurnIntent, msgs []inboxMsg, s
 		_, err = w.js.PublishMsg(ctx, dl, jetstream.WithMsgID(fmt.Sprintf("dlq:%s:%d", w.res.InboxID, m.seq)))
 		cancel()
 		if err != nil {
-			l.log.Warn("dead-letter publish", "err", err)
-			return false
+			l.log.Warn("dead-letter publish", "error", err)
+			return l.failed(err)
 		}
 	}
 	if err := l.emitNotice(st, t, t.ID+":deadletter", noticeDeadLetter, src); err != nil {
-		return false
+		return l.failed(err)
 	}
 	w.stats.DeadLetters.Add(1)
 	l.log.Warn("turn dead-lettered; lane suspended", "turn", t.ID, "first_seq", t.FirstSeq, "last_seq", t.LastSeq)

@@ -4,13 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/signal"
 	"runtime/debug"
 	"slices"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -18,7 +14,9 @@ import (
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 	"github.com/agentfleet/agentfleet/transcript"
 )
 
@@ -64,85 +62,6 @@ func (l *lane) turnEvent(typ string, t *session.TurnIntent, status string) {
 		Status: status, At: time.Now()})
 }
 
-// runStep runs one step. It returns false when the lane was lost or the
-// worker is stopping without a commit (the turn record stays for the next
-// owner).
-func (l *lane) runStep(st *step) bool {
-	switch st.kind {
-	case kindDiscard:
-		return l.discard(st.msgs[0])
-	case session.KindCommand:
-		return l.runCommand(st.msgs[0])
-	case session.KindInternal:
-		return l.runInternal(st.msgs[0])
-	default:
-		// The platform message ids are looked up while the intent is
-		// recorded: both are reads or writes of their own buckets, and the
-		// turn needs both before its first append.
-		l.msgids = l.prefetchMsgIDs(st.msgs)
-		defer func() {
-			l.msgids.wait()
-			l.msgids = nil
-		}()
-		intent, err := l.recordIntent(st)
-		if err != nil {
-			l.log.Warn("record intent", "err", err)
-			return false
-		}
-		return l.execute(intent, st.msgs, false)
-	}
-}
-
-// msgidLookups are the msgids lookups of a step's messages, in flight.
-type msgidLookups map[uint64]*msgidLookup
-
-type msgidLookup struct {
-	done  chan struct{}
-	owner uint64
-	found bool
-	err   error
-}
-
-// prefetchMsgIDs starts the msgids lookup of every message with a platform
-// message id; nil when there is none.
-func (l *lane) prefetchMsgIDs(msgs []inboxMsg) msgidLookups {
-	var out msgidLookups
-	for _, m := range msgs {
-		id := m.body.PlatformMsgID
-		if id == "" {
-			continue
-		}
-		if out == nil {
-			out = msgidLookups{}
-		}
-		r := &msgidLookup{done: make(chan struct{})}
-		out[m.seq] = r
-		ctx := context.WithoutCancel(l.ctx)
-		go func() {
-			defer close(r.done)
-			r.owner, r.found, r.err = l.w.msgids.Lookup(ctx, id)
-		}()
-	}
-	return out
-}
-
-// lookupMsgID returns the inbox seq recorded for m's platform message id,
-// from the prefetched lookups when there is one.
-func (l *lane) lookupMsgID(m inboxMsg) (uint64, bool, error) {
-	if r := l.msgids[m.seq]; r != nil {
-		<-r.done
-		return r.owner, r.found, r.err
-	}
-	return l.w.msgids.Lookup(context.WithoutCancel(l.ctx), m.body.PlatformMsgID)
-}
-
-// wait waits for every lookup to end.
-func (p msgidLookups) wait() {
-	for _, r := range p {
-		<-r.done
-	}
-}
-
 // recordIntent takes the session decision for a turn and records it, with
 // the turn's inbox range, in the entry before any side effect.
 func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
@@ -168,6 +87,7 @@ func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
 		Owner:             w.owner,
 		Epoch:             l.lease.Epoch,
 		StartedAt:         now,
+		TraceParent:       l.turnTraceParent(),
 	}
 	intent.Notes, intent.Notices = l.decisionNotes(dec, policy, src.Platform)
 	// A /queue turn counts the items behind it (the inbox scan is paid by
@@ -213,7 +133,7 @@ func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
 		// Names the ingress did not bound (an older ingress, another
 		// adapter) can make the entry larger than the store takes: record
 		// the turn with the origin's names left out.
-		l.log.Warn("turn intent too large with the source's names; recording it without them", "err", err)
+		l.log.Warn("turn intent too large with the source's names; recording it without them", "error", err)
 		slim := src
 		slim.ChatName, slim.UserName, slim.ChatTopic = "", "", ""
 		err = record(slim)
@@ -226,23 +146,31 @@ func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
 }
 
 // execute runs an intent to its commit. resumed is true on recovery.
-func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool) bool {
+func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool) error {
 	w := l.w
+	prev := ""
+	if resumed {
+		prev = intent.TraceParent
+	}
+	if l.startTurnTrace(msgs, prev) {
+		defer l.endTurnTrace()
+	}
+	l.traceIntent(intent, resumed)
 	st, err := l.txFor(intent.SessionID)
 	if err != nil {
-		l.log.Warn("load transcript", "err", err)
-		return false
+		l.log.Warn("load transcript", "error", err)
+		return l.failed(err)
 	}
 	if intent.PreviousSessionID != "" {
 		if err := l.closeOld(intent); err != nil {
-			l.log.Warn("close previous session", "err", err)
-			return false
+			l.log.Warn("close previous session", "error", err)
+			return l.failed(err)
 		}
 	}
 	src := sourceOf(l.entry, msgs)
 	for i, text := range intent.Notices {
 		if err := l.emitNotice(st, intent, fmt.Sprintf("%s:notice:%d", intent.ID, i), text, src); err != nil {
-			return false
+			return l.failed(err)
 		}
 	}
 	crashPoint("after_notice")
@@ -257,36 +185,34 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 	// The user entries, each once (a recovered turn may have some already).
 	var users []agent.UserMessage
 	for _, m := range msgs {
-		text := m.body.Text
 		if m.kind == session.KindInternal {
 			// An automatic resume is an event with empty text and no user
 			// entry; the fleet's wake-ups carry nothing.
-			if m.body.Command == internalResume {
+			if m.body.Command == session.CmdAutoResume {
 				users = append(users, agent.UserMessage{InboxSeq: m.seq})
 			}
 			continue
 		}
 		if st.userSeqs[m.seq] {
-			users = append(users, agent.UserMessage{InboxSeq: m.seq, Text: text, SenderName: m.body.Source.UserName})
+			users = append(users, userMessage(m))
 			continue
 		}
 		if dup, err := l.duplicate(m); err != nil {
-			return false
+			return l.failed(err)
 		} else if dup {
 			continue
 		}
-		e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", intent.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
-			Content: text, InboxSeq: m.seq, TurnID: intent.ID, SenderName: m.body.Source.UserName, Timestamp: w.cfg.Now()}
-		if err := l.appendOwned(st, &e); err != nil {
+		e := userEntry(intent.ID, m, w.cfg.Now())
+		if err := l.append(st, &e); err != nil {
 			if tooLarge(err) {
 				// No retry can store it: tell the user, commit past it,
 				// rather than retrying (uncounted) for ever.
 				return l.failTurn(st, intent, src, fmt.Errorf("user message %d is too large for the transcript: %w", m.seq, err))
 			}
-			l.log.Warn("append user entry", "err", err)
-			return false
+			l.log.Warn("append user entry", "error", err)
+			return l.failed(err)
 		}
-		users = append(users, agent.UserMessage{InboxSeq: m.seq, Text: text, SenderName: m.body.Source.UserName})
+		users = append(users, userMessage(m))
 	}
 	crashPoint("after_append")
 	if len(users) == 0 {
@@ -296,7 +222,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 	// A final reply already in the transcript means the turn completed.
 	if done, ok := findEntry(st, intent.ID+":reply"); ok {
 		if err := l.publishReply(st, intent, *done, session.ReplyKindReply, src); err != nil {
-			return false
+			return l.failed(err)
 		}
 		return l.finish(st, intent, StatusCompleted, nil, nil)
 	}
@@ -321,6 +247,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		Attempt:       intent.Attempt,
 		History:       historyOf(retryHistory(st.history(), intent)),
 		Messages:      users,
+		Quote:         turnQuote(users),
 	}
 	var steerErr error // set by the agent goroutine, read after it is done
 	// Only a turn of plain messages takes steered input: a /queue item is
@@ -341,24 +268,32 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 	if !l.holdsGate {
 		var ok bool
 		if release, ok = w.turns.acquire(l.ctx); !ok {
-			return false
+			return l.failed(nil)
 		}
 	}
 	if resumed && intent.AgentStarted < intent.Attempt {
 		// Recorded before the agent runs: only an attempt interrupted
-		// from here on counts as interrupted (see recoverTurn).
+		// from here on counts as interrupted (see recoverTurn). The
+		// attempt's span is the one a later resume links to.
+		tp := l.turnTraceParent()
 		if err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 			if e.Turn == nil || e.Turn.ID != intent.ID {
-				return nil, errLeaseLost
+				return nil, kv.ErrLeaseLost
 			}
 			e.Turn.AgentStarted = intent.Attempt
+			if tp != "" {
+				e.Turn.TraceParent = tp
+			}
 			return e, nil
 		}, true); err != nil {
 			release()
-			l.log.Warn("record agent start", "turn", intent.ID, "err", err)
-			return false
+			l.log.Warn("record agent start", "turn", intent.ID, "error", err)
+			return l.failed(err)
 		}
 		intent.AgentStarted = intent.Attempt
+		if tp != "" {
+			intent.TraceParent = tp
+		}
 	}
 	em := &emitter{l: l, st: st, intent: intent, src: src, sessionKey: turn.SessionKey}
 	res, runErr, stopCause := l.runAgent(a, em, turn)
@@ -377,12 +312,12 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 			e := transcript.Entry{ID: intent.ID + ":reply", Kind: transcript.KindMessage, Role: "assistant", Content: res.Text,
 				Reasoning: res.Reasoning, FinishReason: nonEmpty(res.FinishReason, "stop"), TokenCount: int(em.usage.OutputTokens),
 				TurnID: intent.ID, Timestamp: w.cfg.Now()}
-			if err := l.appendOwned(st, &e); err != nil {
+			if err := l.append(st, &e); err != nil {
 				if tooLarge(err) {
 					return l.failTurn(st, intent, src, fmt.Errorf("the agent's reply is too large for the transcript: %w", err))
 				}
-				l.log.Warn("append reply", "err", err)
-				return false
+				l.log.Warn("append reply", "error", err)
+				return l.failed(err)
 			}
 			// The reply goes out while the turn's end is appended. The
 			// commit waits for both; after a crash before it, recovery
@@ -402,23 +337,23 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		w.stats.Turns.Add(1)
 		return l.finish(st, intent, StatusCompleted, &em.usage, nil)
 	case errors.Is(stopCause, agent.ErrTurnInterrupted):
-		if !l.keepPartial(em, res) {
-			return false
+		if err := l.keepPartial(em, res); err != nil {
+			return err
 		}
 		return l.finish(st, intent, StatusInterrupted, &em.usage, nil)
 	case errors.Is(stopCause, errStopped):
-		if !l.keepPartial(em, res) {
-			return false
+		if err := l.keepPartial(em, res); err != nil {
+			return err
 		}
 		return l.finish(st, intent, StatusStopped, &em.usage, nil)
 	case stopCause != nil:
 		// Lease lost, drain timeout or hard stop: no commit; the intent
 		// stays for whoever owns the lane next.
 		l.log.Info("turn abandoned", "turn", intent.ID, "cause", stopCause)
-		return false
+		return l.failed(stopCause)
 	default:
-		if !l.keepPartial(em, res) {
-			return false
+		if err := l.keepPartial(em, res); err != nil {
+			return err
 		}
 		return l.failTurnUsage(st, intent, src, runErr, &em.usage)
 	}
@@ -428,21 +363,21 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 // its cancellation (a user interrupt, the turn's deadline) as an assistant
 // entry of the turn: the transcript keeps what the user may already have
 // seen streamed. It is not delivered as a reply.
-func (l *lane) keepPartial(em *emitter, res *agent.Result) bool {
+func (l *lane) keepPartial(em *emitter, res *agent.Result) error {
 	if res == nil || res.Text == "" {
-		return true
+		return nil
 	}
 	id := fmt.Sprintf("%s:a%d:partial", em.intent.ID, em.intent.Attempt)
 	if em.st.ids[id] {
-		return true
+		return nil
 	}
 	e := transcript.Entry{ID: id, Kind: transcript.KindMessage, Role: transcript.RoleAssistant, Content: res.Text,
 		Reasoning: res.Reasoning, FinishReason: "interrupted", TurnID: em.intent.ID, Timestamp: l.w.cfg.Now()}
-	if err := l.appendOwned(em.st, &e); err != nil && !tooLarge(err) {
-		l.log.Warn("append partial reply", "turn", em.intent.ID, "err", err)
-		return false
+	if err := l.append(em.st, &e); err != nil && !tooLarge(err) {
+		l.log.Warn("append partial reply", "turn", em.intent.ID, "error", err)
+		return l.failed(err)
 	}
-	return true
+	return nil
 }
 
 // retryHistory is the history a turn's agent sees. A retry narrowed to the
@@ -464,9 +399,6 @@ func retryHistory(h []transcript.Entry, intent *session.TurnIntent) []transcript
 	return out[:len(out):len(out)]
 }
 
-// errNothingSteered marks a steer that failed before it recorded anything.
-var errNothingSteered = errors.New("no input steered")
-
 // tooLarge reports whether a write failed because the entry is larger than
 // the server takes: retrying cannot help.
 func tooLarge(err error) bool {
@@ -477,21 +409,21 @@ func tooLarge(err error) bool {
 
 // failTurn commits a turn whose agent failed, telling the user. It is not
 // retried and not counted as interrupted.
-func (l *lane) failTurn(st *txState, intent *session.TurnIntent, src session.SessionSource, runErr error) bool {
+func (l *lane) failTurn(st *txState, intent *session.TurnIntent, src session.SessionSource, runErr error) error {
 	return l.failTurnUsage(st, intent, src, runErr, nil)
 }
 
 // failTurnUsage is failTurn for a turn whose agent reported usage u.
-func (l *lane) failTurnUsage(st *txState, intent *session.TurnIntent, src session.SessionSource, runErr error, u *agent.Usage) bool {
+func (l *lane) failTurnUsage(st *txState, intent *session.TurnIntent, src session.SessionSource, runErr error, u *agent.Usage) error {
 	l.w.stats.TurnsFailed.Add(1)
-	l.log.Warn("agent failed", "turn", intent.ID, "err", runErr)
+	l.log.Warn("agent failed", "turn", intent.ID, "error", runErr)
 	var pe *agent.PanicError
 	if errors.As(runErr, &pe) {
 		l.log.Error("agent panicked", "turn", intent.ID, "panic", pe.Value, "stack", string(pe.Stack))
 	}
 	text := "⚠️ Sorry, something went wrong while answering that message. Send it again, or /retry."
 	if err := l.emitNotice(st, intent, intent.ID+":error", text, src); err != nil {
-		return false
+		return l.failed(err)
 	}
 	return l.finish(st, intent, StatusFailed, u, nil)
 }
@@ -522,7 +454,12 @@ func (l *lane) runAgent(a agent.Agent, em *emitter, turn *agent.Turn) (*agent.Re
 			}
 			done <- o
 		}()
-		o.res, o.err = a.Run(ctx, turn, em)
+		actx, end := ctx, nopEnd
+		if w.tracer != nil {
+			actx, end = l.childSpan(ctx, "agent run", telemetry.AttrTurnAttempt.Int(turn.Attempt))
+		}
+		defer func() { end(o.err) }()
+		o.res, o.err = a.Run(actx, turn, em)
 	}()
 
 	mode := l.busyMode()
@@ -569,11 +506,11 @@ func (l *lane) runAgent(a agent.Agent, em *emitter, turn *agent.Turn) (*agent.Re
 				}
 				if err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 					if !e.MarkResumePending(reason, w.cfg.Now()) {
-						return nil, errNoChange
+						return nil, kv.ErrNoChange
 					}
 					return e, nil
-				}, true); err != nil && !errors.Is(err, errNoChange) {
-					l.log.Warn("mark resume pending at drain", "err", err)
+				}, true); err != nil && !errors.Is(err, kv.ErrNoChange) {
+					l.log.Warn("mark resume pending at drain", "error", err)
 				}
 				drainTimer = time.After(w.cfg.DrainTimeout)
 			}
@@ -586,7 +523,7 @@ func (l *lane) runAgent(a agent.Agent, em *emitter, turn *agent.Turn) (*agent.Re
 					text = bannerRestart
 				}
 				if err := l.emitNotice(st, intent, intent.ID+":banner", text, turn.Source); err != nil {
-					l.log.Warn("drain banner", "err", err)
+					l.log.Warn("drain banner", "error", err)
 				}
 			}
 			stopCause = errDrain
@@ -605,154 +542,38 @@ func (l *lane) runAgent(a agent.Agent, em *emitter, turn *agent.Turn) (*agent.Re
 	}
 }
 
-// checkBusy looks at what arrived after the running turn: a /stop stops it;
-// in interrupt mode a plain message that directly follows the turn's range
-// interrupts a turn of plain messages (it joins the next turn). A /queue item
-// or command in between means the next step is not a turn that message could
-// join, so nothing is interrupted; /queue turns are never interrupted. With
-// mode "" it only looks for a /stop.
-func (l *lane) checkBusy(ctx context.Context, cancel context.CancelCauseFunc, intent *session.TurnIntent, mode string, stopCause *error) {
-	if *stopCause != nil {
-		return
-	}
-	// The rest of a narrowed retry's first range follows in the next turns;
-	// only what lies beyond it is news.
-	seq := max(l.turnLastSeq(intent), intent.RetryFrom) + 1
-	joinable := intent.Kind == session.KindMessage && mode == BusyInterrupt
-	limit := 256
-	if mode == "" {
-		// The look for a /stop at the start of every turn stays short: a
-		// lane with a long backlog must not pay a long scan per turn (a
-		// /stop further back stops the turn it reaches).
-		limit = 16
-	}
-	for i := 0; i < limit; i++ {
-		if !l.mayHaveAfter(seq - 1) {
-			return
-		}
-		m, err := l.peek(ctx, seq)
-		if err != nil || m == nil {
-			return
-		}
-		switch {
-		case m.kind == session.KindCommand && m.body.Command == "stop":
-			*stopCause = errStopped
-			cancel(errStopped)
-			return
-		case m.kind == session.KindMessage && joinable:
-			*stopCause = agent.ErrTurnInterrupted
-			cancel(agent.ErrTurnInterrupted)
-			return
-		case m.kind == session.KindInternal:
-			// A wake-up of the fleet's own (a handover may leave one
-			// anywhere) does not change what the user sent.
-		case m.kind != session.KindMessage:
-			joinable = false
-		}
-		seq = m.seq + 1
-	}
-}
-
-// answerReadOnly answers at once, while a turn runs, the commands that only
-// report (/status, /help) waiting right after the turn's range: with
-// nothing between them and the turn but other such commands and the
-// fleet's wake-ups, so an answer never overtakes a message sent before it.
-// The turn goes on. The answer is a notice entry of the turn's session with
-// the id "answer:<inbox seq>"; when the command's turn comes in inbox order
-// it finds that entry and only republishes it (same Msg-Id) and commits.
-func (l *lane) answerReadOnly(ctx context.Context, st *txState, intent *session.TurnIntent, stopCause error) {
-	if stopCause != nil {
-		return
-	}
-	seq := max(l.turnLastSeq(intent), intent.RetryFrom) + 1
-	for i := 0; i < 16; i++ {
-		if !l.mayHaveAfter(seq - 1) {
-			return
-		}
-		m, err := l.peek(ctx, seq)
-		if err != nil || m == nil {
-			return
-		}
-		switch {
-		case m.kind == session.KindInternal && m.body.Command == internalWake:
-		case m.kind == session.KindCommand && session.ReadOnlyCommand(m.body.Command):
-			if err := l.answerEarly(st, m); err != nil {
-				l.log.Warn("answer read-only command", "seq", m.seq, "err", err)
-				return
-			}
-		default:
-			return
-		}
-		seq = m.seq + 1
-	}
-}
-
-// answerEarly answers one read-only command while a turn runs (once).
-func (l *lane) answerEarly(st *txState, m *inboxMsg) error {
-	id := answerID(m.seq)
-	l.opMu.Lock()
-	done := st.ids[id]
-	e := l.entry.Clone()
-	l.opMu.Unlock()
-	if done {
-		return nil
-	}
-	if dup, err := l.duplicate(*m); err != nil || dup {
-		return err // a duplicate is committed past in its turn
-	}
-	text := l.readOnlyText(e, *m)
-	en := transcript.Entry{ID: id, Kind: transcript.KindNotice, Role: "system", Content: text, InboxSeq: m.seq, TurnID: id, Timestamp: l.w.cfg.Now()}
-	if err := l.appendOwned(st, &en); err != nil {
-		return err
-	}
-	// The agent goroutine may be recording steered input (which writes the
-	// entry the publish reads): hold the lane's write lock.
-	l.opMu.Lock()
-	defer l.opMu.Unlock()
-	return l.publishReply(st, &session.TurnIntent{ID: id}, en, session.ReplyKindNotice, sourceOf(e, []inboxMsg{*m}))
-}
-
-// answerID is the transcript entry id of a read-only command's answer.
-func answerID(seq uint64) string { return "answer:" + seqString(seq) }
-
-func (l *lane) busyMode() string {
-	if l.entry != nil && l.entry.BusyMode != "" {
-		return l.entry.BusyMode
-	}
-	return l.w.cfg.BusyMode
-}
-
 // finish appends the turn_end entry and commits the turn.
-func (l *lane) finish(st *txState, intent *session.TurnIntent, status string, u *agent.Usage, apply func(*session.SessionEntry)) bool {
+func (l *lane) finish(st *txState, intent *session.TurnIntent, status string, u *agent.Usage, apply func(*session.SessionEntry)) error {
 	return l.finishThen(st, intent, status, u, apply, nil)
 }
 
 // finishThen is finish with before, when set, run after the turn_end append
 // and before the commit, always (also when the append failed); an error
 // from it stops the commit.
-func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string, u *agent.Usage, apply func(*session.SessionEntry), before func() error) bool {
+func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string, u *agent.Usage, apply func(*session.SessionEntry), before func() error) error {
 	endID := intent.ID + ":end"
 	var appendErr error
 	if !st.ids[endID] {
 		e := transcript.Entry{ID: endID, Kind: transcript.KindTurnEnd, TurnID: intent.ID, Status: status, Timestamp: l.w.cfg.Now()}
-		if appendErr = l.appendOwned(st, &e); appendErr != nil {
-			l.log.Warn("append turn end", "err", appendErr)
+		if appendErr = l.append(st, &e); appendErr != nil {
+			l.log.Warn("append turn end", "error", appendErr)
 		}
 	}
 	if before != nil {
 		if err := before(); err != nil {
-			return false
+			return l.failed(err)
 		}
 	}
 	if appendErr != nil {
-		return false
+		return l.failed(appendErr)
 	}
-	if !l.commit(intent, status, u, apply) {
-		return false
+	if err := l.commitTurn(intent, status, u, apply); err != nil {
+		return err
 	}
 	l.turnEndEvent(intent, status, u)
 	if u != nil {
 		l.w.cfg.Metrics.AgentTokens(context.Background(), u.InputTokens, u.OutputTokens)
+		l.w.cfg.Metrics.AgentCost(context.Background(), u.EstimatedCostUSD)
 	}
 	if status == StatusInterrupted {
 		// Keep a burst of follow-ups together: the next turn starts only
@@ -765,22 +586,22 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 		}
 		t.Stop()
 	}
-	return true
+	return nil
 }
 
-// commit moves committed_seq past the turn in one CAS, then acks every held
+// commitTurn moves committed_seq past the turn in one CAS, then acks every held
 // delivery at or below it. Only a turn that ran the agent to completion
 // clears resume_pending and the interrupted-turn count: a failed,
 // interrupted or stopped turn, a duplicate or a command leaves them, so the
 // next turn still gets the resume note and the count still decides the
 // escalation. u, when set, is the usage the turn's agent reported.
-func (l *lane) commit(intent *session.TurnIntent, status string, u *agent.Usage, apply func(*session.SessionEntry)) bool {
+func (l *lane) commitTurn(intent *session.TurnIntent, status string, u *agent.Usage, apply func(*session.SessionEntry)) error {
 	w := l.w
 	l.pauseTag = "commit"
 	defer func() { l.pauseTag = "" }()
 	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 		if e.LastTurnID == intent.ID || e.Turn == nil || e.Turn.ID != intent.ID {
-			return nil, errNoChange
+			return nil, kv.ErrNoChange
 		}
 		if intent.LastSeq > e.CommittedSeq {
 			e.CommittedSeq = intent.LastSeq
@@ -807,29 +628,13 @@ func (l *lane) commit(intent *session.TurnIntent, status string, u *agent.Usage,
 		}
 		return e, nil
 	}, true)
-	if err != nil && !errors.Is(err, errNoChange) {
-		l.log.Warn("commit", "turn", intent.ID, "err", err)
-		return false
+	if err != nil && !errors.Is(err, kv.ErrNoChange) {
+		l.log.Warn("commit", "turn", intent.ID, "error", err)
+		return l.failed(err)
 	}
 	crashPoint("after_commit")
 	l.ackUpTo(l.entry.CommittedSeq)
-	return true
-}
-
-// commitSimple moves committed_seq past one message with no turn.
-func (l *lane) commitSimple(seq uint64) bool {
-	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
-		if e.CommittedSeq >= seq {
-			return nil, errNoChange
-		}
-		e.CommittedSeq = seq
-		return e, nil
-	}, true)
-	if err != nil && !errors.Is(err, errNoChange) {
-		return false
-	}
-	l.ackUpTo(l.entry.CommittedSeq)
-	return true
+	return nil
 }
 
 // emitNotice appends a notice entry (once) and publishes it.
@@ -837,7 +642,7 @@ func (l *lane) emitNotice(st *txState, intent *session.TurnIntent, id, text stri
 	e, ok := findEntry(st, id)
 	if !ok {
 		ne := transcript.Entry{ID: id, Kind: transcript.KindNotice, Role: "system", Content: text, TurnID: intent.ID, Timestamp: l.w.cfg.Now()}
-		if err := l.appendOwned(st, &ne); err != nil {
+		if err := l.append(st, &ne); err != nil {
 			return err
 		}
 		e = &ne
@@ -854,14 +659,10 @@ func (l *lane) publishReply(st *txState, intent *session.TurnIntent, e transcrip
 // publishReplyAs is publishReply with the lane's session key given, for the
 // agent goroutine (which must not read l.entry: the runner may replace it).
 func (l *lane) publishReplyAs(key string, st *txState, intent *session.TurnIntent, e transcript.Entry, kind string, src session.SessionSource) error {
-	if err := l.checkAlive(); err != nil {
-		return err
-	}
-	pausePoint("reply")
 	r := session.Reply{
 		ID: st.sessionID + ":" + seqString(e.Seq), SessionKey: key, SessionID: st.sessionID,
 		TurnID: intent.ID, TxSeq: e.Seq, Kind: kind, Text: e.Content, Platform: src.Platform,
-		ChatID: src.ChatID, ThreadID: src.ThreadID, CreatedAt: e.Timestamp,
+		ChatID: src.ChatID, ThreadID: src.ThreadID, ReplyTo: src.MessageID, CreatedAt: e.Timestamp,
 	}
 	data, err := jsonMarshal(r)
 	if err != nil {
@@ -875,10 +676,11 @@ func (l *lane) publishReplyAs(key string, st *txState, intent *session.TurnInten
 	msg.Data = data
 	msg.Header.Set(broker.HdrSessionKey, key)
 	msg.Header.Set(broker.HdrTurnID, intent.ID)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), 5*time.Second)
-	defer cancel()
-	if _, err := l.w.js.PublishMsg(ctx, msg, jetstream.WithMsgID(r.ID)); err != nil {
-		l.log.Warn("publish reply", "id", r.ID, "err", err)
+	end := l.traceReply(msg.Header, r.ID, kind)
+	err = l.publish(msg, r.ID)
+	end(err)
+	if err != nil {
+		l.log.Warn("publish reply", "id", r.ID, "error", err)
 		return err
 	}
 	return nil
@@ -896,7 +698,7 @@ func (l *lane) closeOld(intent *session.TurnIntent) error {
 	}
 	e := transcript.Entry{ID: id, Kind: transcript.KindClosed, NextSessionID: intent.SessionID, Reason: nonEmpty(intent.ResetReason, "switch"),
 		TurnID: intent.ID, Timestamp: l.w.cfg.Now()}
-	return l.appendOwned(old, &e)
+	return l.append(old, &e)
 }
 
 // agentFor returns the cached agent of a session, or a new one.
@@ -910,89 +712,6 @@ func (l *lane) agentFor(sid string) (agent.Agent, error) {
 	}
 	l.agents[sid] = a
 	return a, nil
-}
-
-// emitter persists what the agent produces during a turn.
-type emitter struct {
-	l      *lane
-	st     *txState
-	intent *session.TurnIntent
-	src    session.SessionSource
-	// sessionKey is the lane's, read once by the runner (the agent
-	// goroutine must not read l.entry).
-	sessionKey string
-	n          int
-	deltas     int
-	usage      agent.Usage
-	err        error // the first durable-write failure, set by the agent goroutine
-}
-
-func (e *emitter) fail(err error) error {
-	if err != nil && e.err == nil {
-		e.err = err
-	}
-	return err
-}
-
-func (e *emitter) nextID(kind string) string {
-	e.n++
-	return fmt.Sprintf("%s:a%d:%s%d", e.intent.ID, e.intent.Attempt, kind, e.n)
-}
-
-func (e *emitter) Delta(ctx context.Context, text string) error {
-	if err := ctx.Err(); err != nil {
-		return context.Cause(ctx)
-	}
-	if text == "" || !e.l.alive() {
-		return nil
-	}
-	e.deltas++
-	data, err := jsonMarshal(session.Delta{SessionKey: e.sessionKey, SessionID: e.st.sessionID, TurnID: e.intent.ID,
-		Attempt: e.intent.Attempt, N: e.deltas, Text: text})
-	if err != nil {
-		return nil
-	}
-	// Ephemeral: a failed publish costs a listener some typing, nothing else.
-	_ = e.l.w.nc.Publish(e.l.w.names.DeltaSubject(e.l.lane), data)
-	return nil
-}
-
-func (e *emitter) Message(ctx context.Context, text string) error {
-	if err := ctx.Err(); err != nil {
-		return context.Cause(ctx)
-	}
-	if text == "" {
-		return nil
-	}
-	en := transcript.Entry{ID: e.nextID(interimTag), Kind: transcript.KindMessage, Role: transcript.RoleAssistant, Content: text,
-		FinishReason: "interim", TurnID: e.intent.ID, Timestamp: e.l.w.cfg.Now()}
-	if err := e.l.appendOwned(e.st, &en); err != nil {
-		return e.fail(err)
-	}
-	return e.fail(e.l.publishReplyAs(e.sessionKey, e.st, e.intent, en, session.ReplyKindReply, e.src))
-}
-
-func (e *emitter) ToolCall(ctx context.Context, call agent.ToolCall) error {
-	if err := ctx.Err(); err != nil {
-		return context.Cause(ctx)
-	}
-	en := transcript.Entry{ID: e.nextID("e"), Kind: transcript.KindMessage, Role: "assistant", ToolCalls: []transcript.ToolCall{{ID: call.ID, Name: call.Name, Arguments: call.Arguments}},
-		TurnID: e.intent.ID, Timestamp: e.l.w.cfg.Now()}
-	return e.fail(e.l.appendOwned(e.st, &en))
-}
-
-func (e *emitter) ToolResult(ctx context.Context, callID, name, content string) error {
-	if err := ctx.Err(); err != nil {
-		return context.Cause(ctx)
-	}
-	en := transcript.Entry{ID: e.nextID("e"), Kind: transcript.KindMessage, Role: "tool", ToolCallID: callID, ToolName: name,
-		Content: content, TurnID: e.intent.ID, Timestamp: e.l.w.cfg.Now()}
-	return e.fail(e.l.appendOwned(e.st, &en))
-}
-
-func (e *emitter) Usage(_ context.Context, u agent.Usage) error {
-	e.usage.Add(u)
-	return nil
 }
 
 // interimTag marks the entry ids of interim messages (<turn>:a<attempt>:m<n>):
@@ -1059,8 +778,11 @@ func findEntry(st *txState, id string) (*transcript.Entry, bool) {
 }
 
 func sourceOf(e *session.SessionEntry, msgs []inboxMsg) session.SessionSource {
-	if len(msgs) > 0 && msgs[0].body.Source.Platform != "" {
-		return msgs[0].body.Source
+	// The newest message is the turn's reply anchor (its MessageID).
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].body.Source.Platform != "" {
+			return msgs[i].body.Source
+		}
 	}
 	if o, ok := e.OriginSource(); ok {
 		return o
@@ -1073,171 +795,4 @@ func nonEmpty(s, def string) string {
 		return def
 	}
 	return s
-}
-
-// crashPoint exits the process at a named point when AGENTFLEET_CRASH_AT
-// names it: the fault injection the crash-point tests use on real
-// processes. It is inert unless that variable is set.
-func crashPoint(name string) {
-	if crashAt != "" && crashAt == name {
-		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		select {}
-	}
-}
-
-var crashAt = os.Getenv("AGENTFLEET_CRASH_AT")
-
-// pausePoint stops the whole process (SIGSTOP to itself) the first time it
-// reaches the point named by AGENTFLEET_PAUSE_AT — right after a write's own
-// lease check passed, just before the write goes to the server — so that
-// tests can show that the server-side fence, not the worker's self-check,
-// refuses the write of a worker that was paused there while another took
-// its lane over. Points: "append:<role>" (a transcript append of that role,
-// e.g. append:tool), "reply" (a reply publish), "commit" (the commit CAS).
-func pausePoint(name string) {
-	if pauseAt != "" && pauseAt == name {
-		pauseOnce.Do(func() {
-			// The stop reaches the other threads of the process a moment
-			// later: this goroutine must not go on meanwhile, so it waits
-			// for the SIGCONT that resumes the process.
-			cont := make(chan os.Signal, 1)
-			signal.Notify(cont, syscall.SIGCONT)
-			defer signal.Stop(cont)
-			_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
-			<-cont
-		})
-	}
-}
-
-var (
-	pauseAt   = os.Getenv("AGENTFLEET_PAUSE_AT")
-	pauseOnce sync.Once
-)
-
-// turnLastSeq is the turn's current last seq (steer input extends it).
-func (l *lane) turnLastSeq(intent *session.TurnIntent) uint64 {
-	l.opMu.Lock()
-	defer l.opMu.Unlock()
-	return intent.LastSeq
-}
-
-// steer records the plain messages that arrived after the running turn's
-// range into the turn (CAS turn.last_seq, then their user entries) and hands
-// them to the agent.
-func (l *lane) steer(ctx context.Context, st *txState, intent *session.TurnIntent) ([]agent.UserMessage, error) {
-	var msgs []inboxMsg
-	seq := l.turnLastSeq(intent) + 1
-	for len(msgs) < l.w.cfg.MaxTurnMessages {
-		m, err := l.peek(ctx, seq)
-		if err != nil {
-			// Nothing recorded yet: the turn is intact, the messages are
-			// the next turn's if the agent does not ask again.
-			return nil, fmt.Errorf("%w: %w", errNothingSteered, err)
-		}
-		if m == nil || m.kind != session.KindMessage {
-			break
-		}
-		msgs = append(msgs, *m)
-		seq = m.seq + 1
-	}
-	if len(msgs) == 0 {
-		return nil, nil
-	}
-	last := msgs[len(msgs)-1].seq
-	if err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
-		if e.Turn == nil || e.Turn.ID != intent.ID {
-			return nil, errLeaseLost
-		}
-		if e.Turn.LastSeq < last {
-			e.Turn.LastSeq = last
-		}
-		return e, nil
-	}, true); err != nil {
-		return nil, err
-	}
-	l.opMu.Lock()
-	intent.LastSeq = last
-	l.opMu.Unlock()
-	var out []agent.UserMessage
-	for _, m := range msgs {
-		if !st.userSeqs[m.seq] {
-			if dup, err := l.duplicate(m); err != nil {
-				return nil, err
-			} else if dup {
-				continue
-			}
-			e := transcript.Entry{ID: fmt.Sprintf("%s:user:%d", intent.ID, m.seq), Kind: transcript.KindMessage, Role: "user",
-				Content: m.body.Text, InboxSeq: m.seq, TurnID: intent.ID, SenderName: m.body.Source.UserName, Timestamp: l.w.cfg.Now()}
-			if err := l.appendOwned(st, &e); err != nil {
-				return nil, err
-			}
-		}
-		out = append(out, agent.UserMessage{InboxSeq: m.seq, Text: m.body.Text, SenderName: m.body.Source.UserName})
-	}
-	return out, nil
-}
-
-// duplicate reports whether m repeats a platform message already
-// incorporated under another inbox seq (a platform retry that reached the
-// inbox again: after the stream's de-duplication window, with its msgids
-// record missed by a crashed ingress). It claims the id for m otherwise.
-// The ingress normally recorded the id already: it reads first, and writes
-// only when the record is missing.
-func (l *lane) duplicate(m inboxMsg) (bool, error) {
-	id := m.body.PlatformMsgID
-	if id == "" {
-		return false, nil
-	}
-	w := l.w
-	owner, found, err := l.lookupMsgID(m)
-	if err == nil && !found {
-		owner, err = w.msgids.Record(context.WithoutCancel(l.ctx), id, m.seq)
-	}
-	if err != nil {
-		l.log.Warn("record message id", "err", err)
-		return false, err
-	}
-	if owner == m.seq {
-		return false, nil
-	}
-	l.log.Info("duplicate platform message not run", "platform_msg_id", id, "seq", m.seq, "first_seq", owner)
-	w.event("duplicate", l.lane, map[string]any{"seq": m.seq, "first_seq": owner, "platform_msg_id": id})
-	return true, nil
-}
-
-// discard records a /queue item discarded by a following /new or /reset: a
-// transcript note and an event, then the commit past it. The /new notice
-// tells the user how many.
-func (l *lane) discard(m inboxMsg) bool {
-	if l.entry.SessionID != "" {
-		st, err := l.txFor(l.entry.SessionID)
-		if err != nil {
-			return false
-		}
-		id := fmt.Sprintf("discard:%d", m.seq)
-		if !st.ids[id] {
-			e := transcript.Entry{ID: id, Kind: transcript.KindNotice, Role: "system", Content: "Discarded queued message: " + m.body.Text,
-				InboxSeq: m.seq, TurnID: id, Timestamp: l.w.cfg.Now()}
-			if err := l.appendOwned(st, &e); err != nil {
-				return false
-			}
-		}
-	}
-	l.w.event("discarded", l.lane, map[string]any{"seq": m.seq, "reason": "reset"})
-	err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
-		if e.CommittedSeq >= m.seq {
-			return nil, errNoChange
-		}
-		e.CommittedSeq = m.seq
-		e.DiscardedQueue++
-		if e.QueueDepth > 0 {
-			e.QueueDepth--
-		}
-		return e, nil
-	}, true)
-	if err != nil && !errors.Is(err, errNoChange) {
-		return false
-	}
-	l.ackUpTo(l.entry.CommittedSeq)
-	return true
 }

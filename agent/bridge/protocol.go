@@ -42,6 +42,8 @@ type Request struct {
 	History []Message `json:"history"`
 	// Messages are the user messages the turn answers, in order.
 	Messages []UserMessage `json:"messages"`
+	// Quote is the turn's reply context: the newest quote of Messages.
+	Quote *session.Quote `json:"quote,omitempty"`
 }
 
 // Message is one history entry.
@@ -53,10 +55,13 @@ type Message struct {
 	ToolName   string           `json:"tool_name,omitempty"`
 	Reasoning  string           `json:"reasoning,omitempty"`
 	SenderName string           `json:"sender_name,omitempty"`
-	InboxSeq   uint64           `json:"inbox_seq,omitempty"`
-	TurnID     string           `json:"turn_id,omitempty"`
-	Seq        uint64           `json:"seq,omitempty"`
-	Timestamp  time.Time        `json:"timestamp"`
+	// Attachments and Quote of a user message (see UserMessage).
+	Attachments []session.Attachment `json:"attachments,omitempty"`
+	Quote       *session.Quote       `json:"quote,omitempty"`
+	InboxSeq    uint64               `json:"inbox_seq,omitempty"`
+	TurnID      string               `json:"turn_id,omitempty"`
+	Seq         uint64               `json:"seq,omitempty"`
+	Timestamp   time.Time            `json:"timestamp"`
 }
 
 // UserMessage is one user message of the turn.
@@ -64,6 +69,13 @@ type UserMessage struct {
 	InboxSeq   uint64 `json:"inbox_seq"`
 	Text       string `json:"text"`
 	SenderName string `json:"sender_name,omitempty"`
+	// MessageID is the platform's id of the message.
+	MessageID string `json:"message_id,omitempty"`
+	// Attachments are the files the message carries, by reference: fetch
+	// the bytes from each one's url.
+	Attachments []session.Attachment `json:"attachments,omitempty"`
+	// Quote is the message this one replies to.
+	Quote *session.Quote `json:"quote,omitempty"`
 }
 
 // Event types.
@@ -113,14 +125,15 @@ type Event struct {
 // requestOf builds the request of a turn.
 func requestOf(t *agent.Turn) Request {
 	r := Request{SessionKey: t.SessionKey, SessionID: t.SessionID, TurnID: t.TurnID, Attempt: t.Attempt, Source: t.Source,
-		ContextPrompt: t.ContextPrompt, Notes: t.Notes, FreshReset: t.FreshReset,
+		ContextPrompt: t.ContextPrompt, Notes: t.Notes, FreshReset: t.FreshReset, Quote: t.Quote,
 		History: make([]Message, len(t.History)), Messages: make([]UserMessage, len(t.Messages))}
 	if r.Notes == nil {
 		r.Notes = []string{}
 	}
 	for i, m := range t.History {
 		r.History[i] = Message{Role: m.Role, Content: m.Content, ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID, ToolName: m.ToolName,
-			Reasoning: m.Reasoning, SenderName: m.SenderName, InboxSeq: m.InboxSeq, TurnID: m.TurnID, Seq: m.Seq, Timestamp: m.Timestamp}
+			Reasoning: m.Reasoning, SenderName: m.SenderName, Attachments: m.Attachments, Quote: m.Quote,
+			InboxSeq: m.InboxSeq, TurnID: m.TurnID, Seq: m.Seq, Timestamp: m.Timestamp}
 	}
 	for i, m := range t.Messages {
 		r.Messages[i] = UserMessage(m)
@@ -131,11 +144,12 @@ func requestOf(t *agent.Turn) Request {
 // turnOf is requestOf's inverse, for Handler.
 func turnOf(r *Request) *agent.Turn {
 	t := &agent.Turn{SessionKey: r.SessionKey, SessionID: r.SessionID, TurnID: r.TurnID, Attempt: r.Attempt, Source: r.Source,
-		ContextPrompt: r.ContextPrompt, Notes: r.Notes, FreshReset: r.FreshReset,
+		ContextPrompt: r.ContextPrompt, Notes: r.Notes, FreshReset: r.FreshReset, Quote: r.Quote,
 		History: make([]agent.Message, len(r.History)), Messages: make([]agent.UserMessage, len(r.Messages))}
 	for i, m := range r.History {
 		t.History[i] = agent.Message{Role: m.Role, Content: m.Content, ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID, ToolName: m.ToolName,
-			Reasoning: m.Reasoning, SenderName: m.SenderName, InboxSeq: m.InboxSeq, TurnID: m.TurnID, Seq: m.Seq, Timestamp: m.Timestamp}
+			Reasoning: m.Reasoning, SenderName: m.SenderName, Attachments: m.Attachments, Quote: m.Quote,
+			InboxSeq: m.InboxSeq, TurnID: m.TurnID, Seq: m.Seq, Timestamp: m.Timestamp}
 	}
 	for i, m := range r.Messages {
 		t.Messages[i] = agent.UserMessage(m)

@@ -20,10 +20,14 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/shared"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/agent"
 )
@@ -62,6 +66,18 @@ type Config struct {
 	Prices map[string]Price
 	// HTTPClient sends the requests. Defaults to the SDK's client.
 	HTTPClient *http.Client
+	// Images is how the photos and stickers of a turn's messages reach the
+	// model as image parts: ImagesInline (fetched from the attachment URL
+	// and sent as data URLs), ImagesURL (the URL itself) or ImagesNone (a
+	// text-only model). Every attachment is also described in the message
+	// text (kind, name, type, size, URL). Defaults to ImagesInline.
+	Images string
+	// MaxImageBytes bounds one inlined image. Defaults to
+	// DefaultMaxImageBytes.
+	MaxImageBytes int64
+	// MediaClient fetches inlined images. Defaults to a client with a 30 s
+	// timeout.
+	MediaClient *http.Client
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 }
@@ -96,6 +112,7 @@ type Tools interface {
 type Backend struct {
 	cfg    Config
 	client openai.Client
+	media  *http.Client
 	agent  *Agent
 }
 
@@ -115,6 +132,16 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	switch cfg.Images {
+	case "":
+		cfg.Images = ImagesInline
+	case ImagesInline, ImagesURL, ImagesNone:
+	default:
+		return nil, fmt.Errorf("openai: images %q: want %s, %s or %s", cfg.Images, ImagesInline, ImagesURL, ImagesNone)
+	}
+	if cfg.MaxImageBytes <= 0 {
+		cfg.MaxImageBytes = DefaultMaxImageBytes
+	}
 	opts := []option.RequestOption{option.WithMaxRetries(max(cfg.MaxRetries, 0))}
 	if cfg.BaseURL != "" {
 		opts = append(opts, option.WithBaseURL(cfg.BaseURL))
@@ -125,7 +152,10 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.HTTPClient != nil {
 		opts = append(opts, option.WithHTTPClient(cfg.HTTPClient))
 	}
-	b := &Backend{cfg: cfg, client: openai.NewClient(opts...)}
+	b := &Backend{cfg: cfg, client: openai.NewClient(opts...), media: cfg.MediaClient}
+	if b.media == nil {
+		b.media = &http.Client{Timeout: 30 * time.Second}
+	}
 	b.agent = &Agent{b: b}
 	return b, nil
 }
@@ -155,7 +185,8 @@ func (a *Agent) Close() error { return nil }
 // Run implements agent.Agent.
 func (a *Agent) Run(ctx context.Context, t *agent.Turn, emit agent.Emitter) (*agent.Result, error) {
 	cfg := a.b.cfg
-	msgs := Messages(cfg.SystemPrompt, t)
+	images, failed := a.turnImages(ctx, t)
+	msgs := messages(cfg.SystemPrompt, t, images, failed)
 	var tools []openai.ChatCompletionToolUnionParam
 	if cfg.Tools != nil && cfg.MaxToolSteps > 0 {
 		list, err := cfg.Tools.List(ctx)
@@ -180,7 +211,7 @@ func (a *Agent) Run(ctx context.Context, t *agent.Turn, emit agent.Emitter) (*ag
 		if len(tools) > 0 && step < cfg.MaxToolSteps {
 			params.Tools = tools
 		}
-		msg, finish, err := a.call(ctx, params, emit)
+		msg, finish, err := a.tracedCall(ctx, params, emit)
 		if err != nil {
 			return msg.partial(), err
 		}
@@ -206,7 +237,7 @@ func (a *Agent) Run(ctx context.Context, t *agent.Turn, emit agent.Emitter) (*ag
 			if err := emit.ToolCall(ctx, c); err != nil {
 				return nil, err
 			}
-			out, err := cfg.Tools.Call(ctx, c.Name, c.Arguments)
+			out, err := a.tracedTool(ctx, c)
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil, context.Cause(ctx)
@@ -232,6 +263,62 @@ func (s streamed) partial() *agent.Result {
 		return nil
 	}
 	return &agent.Result{Text: s.text, FinishReason: "interrupted"}
+}
+
+// tracerName is the instrumentation scope of the backend's spans.
+const tracerName = "github.com/agentfleet/agentfleet/agent/openai"
+
+// tracedCall is call inside a span of its own ("chat <model>", as the
+// OpenTelemetry GenAI conventions name it), a child of the span ctx holds:
+// the caller's tracer provider is used, so a caller that does not trace
+// gets a non-recording span.
+func (a *Agent) tracedCall(ctx context.Context, params openai.ChatCompletionNewParams, emit agent.Emitter) (streamed, string, error) {
+	tracer := trace.SpanFromContext(ctx).TracerProvider().Tracer(tracerName)
+	ctx, span := tracer.Start(ctx, "chat "+params.Model, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("gen_ai.operation.name", "chat"), attribute.String("gen_ai.provider.name", "openai"),
+			attribute.String("gen_ai.request.model", params.Model), attribute.Int("agentfleet.tools", len(params.Tools))))
+	defer span.End()
+	rec := &usageRecorder{Emitter: emit}
+	out, finish, err := a.call(ctx, params, rec)
+	if rec.seen {
+		span.SetAttributes(attribute.Int64("gen_ai.usage.input_tokens", rec.u.InputTokens),
+			attribute.Int64("gen_ai.usage.output_tokens", rec.u.OutputTokens))
+	}
+	if finish != "" {
+		span.SetAttributes(attribute.StringSlice("gen_ai.response.finish_reasons", []string{finish}))
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return out, finish, err
+}
+
+// usageRecorder passes everything on and keeps the usage reported.
+type usageRecorder struct {
+	agent.Emitter
+	u    agent.Usage
+	seen bool
+}
+
+func (r *usageRecorder) Usage(ctx context.Context, u agent.Usage) error {
+	r.u, r.seen = u, true
+	return r.Emitter.Usage(ctx, u)
+}
+
+// tracedTool runs a tool call inside a span ("execute_tool <name>").
+func (a *Agent) tracedTool(ctx context.Context, c agent.ToolCall) (string, error) {
+	tracer := trace.SpanFromContext(ctx).TracerProvider().Tracer(tracerName)
+	ctx, span := tracer.Start(ctx, "execute_tool "+c.Name, trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(attribute.String("gen_ai.operation.name", "execute_tool"),
+			attribute.String("gen_ai.tool.name", c.Name), attribute.String("gen_ai.tool.call.id", c.ID)))
+	defer span.End()
+	out, err := a.b.cfg.Tools.Call(ctx, c.Name, c.Arguments)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return out, err
 }
 
 // call makes one streaming model call, passing its text on as deltas and
@@ -308,8 +395,30 @@ func toolCallParam(c agent.ToolCall) openai.ChatCompletionMessageToolCallUnionPa
 // the session context prompt, the turn's notes), then the history. Tool
 // results whose call is not in the history are left out, and a call
 // without a result (its turn was cut between the two) gets one saying so:
-// the API refuses either.
+// the API refuses either. A user message's reply context and attachments
+// are written into its text; the images of the turn's own messages are
+// image parts with their attachment URLs (Run may inline them instead).
 func Messages(system string, t *agent.Turn) []openai.ChatCompletionMessageParamUnion {
+	images := map[uint64][]string{}
+	for _, m := range t.Messages {
+		for _, a := range m.Attachments {
+			if a.IsImage() && a.URL != "" {
+				images[m.InboxSeq] = append(images[m.InboxSeq], a.URL)
+			}
+		}
+	}
+	return messages(system, t, images, nil)
+}
+
+// messages is Messages with the image parts of each of the turn's
+// messages (by inbox seq) given, and the notes of images that failed.
+func messages(system string, t *agent.Turn, images, failed map[uint64][]string) []openai.ChatCompletionMessageParamUnion {
+	current := map[uint64]agent.UserMessage{}
+	for _, m := range t.Messages {
+		if m.InboxSeq != 0 {
+			current[m.InboxSeq] = m
+		}
+	}
 	var sys []string
 	for _, s := range append([]string{system, t.ContextPrompt}, t.Notes...) {
 		if s = strings.TrimSpace(s); s != "" {
@@ -341,7 +450,25 @@ func Messages(system string, t *agent.Turn) []openai.ChatCompletionMessageParamU
 		closeOpen()
 		switch m.Role {
 		case agent.RoleUser:
-			out = append(out, openai.UserMessage(m.Content))
+			atts, q := m.Attachments, m.Quote
+			var imgs, notes []string
+			if cur, ok := current[m.InboxSeq]; ok {
+				// The turn's own messages: the worker's view of their
+				// media fills in, and only they carry image parts
+				// (earlier images stay described in the text, not re-sent).
+				if len(atts) == 0 {
+					atts = cur.Attachments
+				}
+				if q == nil {
+					q = cur.Quote
+				}
+				imgs, notes = images[m.InboxSeq], failed[m.InboxSeq]
+			}
+			if len(atts) == 0 && q == nil && len(imgs) == 0 {
+				out = append(out, openai.UserMessage(m.Content))
+				continue
+			}
+			out = append(out, userContent(m.Content, q, atts, imgs, notes))
 		case agent.RoleSystem:
 			out = append(out, openai.SystemMessage(m.Content))
 		case agent.RoleAssistant:

@@ -9,11 +9,14 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 	"github.com/urfave/cli/v2"
 
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/statedb"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -23,27 +26,30 @@ import (
 func healthCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "healthcheck",
-		Usage: "exit 0 if a role is healthy (for container health checks); one of --url, --nats or --worker",
+		Usage: "exit 0 if a role is healthy (for container health checks); one of --url, --nats, --worker or --indexer",
 		Description: "--url GETs an HTTP address and wants a 2xx answer (the ingress's /readyz).\n" +
 			"--nats connects to one NATS server (with the nats.* credentials of the configuration) and wants\n" +
 			"its JetStream to answer an account information request, which in a cluster needs a meta leader.\n" +
 			"--worker reads this process's worker (worker.id) from the worker registry and wants it running;\n" +
-			"a worker that stopped heartbeating drops out of the registry by itself.",
+			"a worker that stopped heartbeating drops out of the registry by itself.\n" +
+			"--indexer wants the state database's API (served by the indexers) to answer a stats request\n" +
+			"without an error: a database that can be read, behind a NATS connection that works.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "url", Usage: "HTTP `URL` that must answer 2xx"},
 			&cli.StringFlag{Name: "nats", Usage: "NATS server `URL` whose JetStream must answer"},
 			&cli.BoolFlag{Name: "worker", Usage: "the worker worker.id must be registered and running (over NATS_URL)"},
+			&cli.BoolFlag{Name: "indexer", Usage: "the state database's API must answer (over NATS_URL)"},
 			&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "give up after `DUR`"},
 		},
 		Action: func(c *cli.Context) error {
 			n := 0
-			for _, f := range []string{"url", "nats", "worker"} {
+			for _, f := range []string{"url", "nats", "worker", "indexer"} {
 				if c.IsSet(f) {
 					n++
 				}
 			}
 			if n != 1 {
-				return errors.New("healthcheck: give exactly one of --url, --nats or --worker")
+				return errors.New("healthcheck: give exactly one of --url, --nats, --worker or --indexer")
 			}
 			if c.Duration("timeout") <= 0 {
 				return fmt.Errorf("healthcheck: --timeout %v: want a positive duration", c.Duration("timeout"))
@@ -83,6 +89,9 @@ func healthCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			if c.Bool("indexer") {
+				return checkIndexer(ctx, nc, names)
+			}
 			return checkWorker(ctx, js, names, cfg.Worker.ID)
 		},
 	}
@@ -120,6 +129,20 @@ func checkWorker(ctx context.Context, js jetstream.JetStream, names broker.Names
 	}
 	if r.State != worker.StateRunning {
 		return fmt.Errorf("healthcheck: worker %s is %s", id, r.State)
+	}
+	return nil
+}
+
+// checkIndexer asks the state database's API for its statistics and wants
+// an answer that is not an error.
+func checkIndexer(ctx context.Context, nc *nats.Conn, names broker.Names) error {
+	subject := names.APIPrefix() + "." + statedb.EndpointStats
+	m, err := nc.RequestWithContext(ctx, subject, []byte("{}"))
+	if err != nil {
+		return fmt.Errorf("healthcheck: state database api (%s): %w", subject, err)
+	}
+	if code := m.Header.Get(micro.ErrorCodeHeader); code != "" {
+		return fmt.Errorf("healthcheck: state database api answered %s %s", code, m.Header.Get(micro.ErrorHeader))
 	}
 	return nil
 }

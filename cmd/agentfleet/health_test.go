@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/statedb"
 	"github.com/agentfleet/agentfleet/test/natstest"
 	"github.com/agentfleet/agentfleet/worker"
 )
@@ -88,5 +90,30 @@ func TestHealthcheckNATSAndWorker(t *testing.T) {
 	put(worker.StateDraining)
 	if err := runHealth("--worker"); err == nil || !strings.Contains(err.Error(), "draining") {
 		t.Fatalf("draining worker: %v", err)
+	}
+}
+
+// TestHealthcheckIndexer: --indexer fails while no state database API
+// answers and passes once an indexer's API serves one.
+func TestHealthcheckIndexer(t *testing.T) {
+	srv := natstest.RunServer(t)
+	t.Setenv("NATS_URL", srv.URL())
+	if err := runHealth("--indexer", "--timeout", "2s"); err == nil {
+		t.Fatal("no indexer, yet healthy")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db, err := statedb.Open(ctx, filepath.Join(t.TempDir(), "state.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	api, err := statedb.StartAPI(srv.Connect(t), db, broker.MustNames(broker.DefaultPrefix), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = api.Stop() }()
+	if err := runHealth("--indexer"); err != nil {
+		t.Fatalf("indexer serving: %v", err)
 	}
 }

@@ -11,8 +11,10 @@ import (
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/config"
 	"github.com/agentfleet/agentfleet/ingress"
+	"github.com/agentfleet/agentfleet/ingress/discord"
 	"github.com/agentfleet/agentfleet/ingress/slack"
 	"github.com/agentfleet/agentfleet/ingress/telegram"
+	"github.com/agentfleet/agentfleet/ingress/whatsapp"
 )
 
 // platforms are the chat-platform adapters a process runs.
@@ -45,17 +47,24 @@ func (p *platforms) handler(next http.Handler) http.Handler {
 // startPlatforms starts what the configuration turns on: for Telegram the
 // webhook route or the poll loop (one per bot across the fleet, under a
 // singleton lease), for Slack the Events API route and/or the Socket Mode
-// connection (one per app, under a singleton lease), and each platform's
+// connection (one per app, under a singleton lease), for WhatsApp the
+// webhook route, for Discord the Gateway connection (one per bot, under a
+// singleton lease) and the interactions route, and each platform's
 // delivery consumer.
 func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, res *broker.Resources, pub *ingress.Publisher, wg *sync.WaitGroup) (*platforms, error) {
 	p := &platforms{routes: map[string]http.Handler{}}
 	tg := rt.cfg.Telegram()
 	if tg.Token != "" {
 		a, err := telegram.New(pub, telegram.Config{Token: tg.Token, WebhookSecret: tg.WebhookSecret, APIBase: tg.APIBase,
-			MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), Logger: rt.log})
+			MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), MediaBaseURL: rt.cfg.HTTP.PublicBaseURL(), Logger: rt.log})
 		if err != nil {
 			return nil, err
 		}
+		mh, err := a.MediaHandler(0)
+		if err != nil {
+			return nil, err
+		}
+		p.routes[ingress.MediaPathPrefix+"telegram/"] = mh
 		switch tg.Mode {
 		case config.TelegramModePoll:
 			s, err := ingress.NewSingleton(js, res, ingress.SingletonConfig{Names: rt.names, Kind: "telegram_poll",
@@ -78,18 +87,38 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 			rt.log.Info("telegram webhook enabled", "path", "/webhooks/telegram")
 		}
 		cfg := telegram.DeliveryConfig(a.Sender())
+		cfg.LiveEdits = tg.LiveEdits
 		if err := p.startDelivery(ctx, rt, js, res, cfg); err != nil {
 			p.stop()
 			return nil, err
 		}
+		if tg.LiveEdits {
+			if err := rt.startLive(ctx, js, res, telegram.LiveConfig(a.Sender()), ingress.TokenID(tg.Token), wg); err != nil {
+				p.stop()
+				return nil, err
+			}
+		}
 	}
 	sl := rt.cfg.Slack()
 	if sl.Enabled() {
+		media := ""
+		if sl.BotToken != "" {
+			media = rt.cfg.HTTP.PublicBaseURL()
+		}
 		a, err := slack.New(pub, slack.Config{SigningSecret: sl.SigningSecret, BotToken: sl.BotToken, APIBase: sl.APIBase,
-			RequireMention: sl.RequireMention, MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), Logger: rt.log})
+			RequireMention: sl.RequireMention, MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), MediaBaseURL: media,
+			Logger: rt.log})
 		if err != nil {
 			p.stop()
 			return nil, fmt.Errorf("platforms.slack: %w", err)
+		}
+		if media != "" {
+			mh, err := a.MediaHandler(0)
+			if err != nil {
+				p.stop()
+				return nil, fmt.Errorf("platforms.slack: %w", err)
+			}
+			p.routes[ingress.MediaPathPrefix+"slack/"] = mh
 		}
 		if sl.SigningSecret != "" {
 			h, err := a.Handler()
@@ -114,7 +143,77 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 			}()
 			rt.log.Info("slack socket mode enabled", "lease", s.Key())
 		}
-		if err := p.startDelivery(ctx, rt, js, res, slack.DeliveryConfig(a.Sender())); err != nil {
+		scfg := slack.DeliveryConfig(a.Sender())
+		scfg.LiveEdits = sl.LiveEdits
+		if err := p.startDelivery(ctx, rt, js, res, scfg); err != nil {
+			p.stop()
+			return nil, err
+		}
+		if sl.LiveEdits {
+			if err := rt.startLive(ctx, js, res, slack.LiveConfig(a.Sender()), ingress.TokenID(sl.BotToken), wg); err != nil {
+				p.stop()
+				return nil, err
+			}
+		}
+	}
+	if wa := rt.cfg.WhatsAppCloud(); wa.Enabled() {
+		a, err := whatsapp.New(pub, js, res, whatsapp.Config{AppSecret: wa.AppSecret, VerifyToken: wa.VerifyToken,
+			AccessToken: wa.AccessToken, PhoneNumberID: wa.PhoneNumberID, APIBase: wa.APIBase,
+			MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), MediaBaseURL: rt.cfg.HTTP.PublicBaseURL(), Logger: rt.log})
+		if err != nil {
+			p.stop()
+			return nil, fmt.Errorf("platforms.whatsapp: %w", err)
+		}
+		if wa.AccessToken != "" {
+			mh, err := a.MediaHandler(0)
+			if err != nil {
+				p.stop()
+				return nil, fmt.Errorf("platforms.whatsapp: %w", err)
+			}
+			p.routes[ingress.MediaPathPrefix+"whatsapp/"] = mh
+		}
+		h, err := a.Handler()
+		if err != nil {
+			p.stop()
+			return nil, fmt.Errorf("platforms.whatsapp: %w", err)
+		}
+		p.routes["/webhooks/whatsapp"] = h
+		rt.log.Info("whatsapp webhook enabled", "path", "/webhooks/whatsapp")
+		if err := p.startDelivery(ctx, rt, js, res, whatsapp.DeliveryConfig(a.Sender())); err != nil {
+			p.stop()
+			return nil, err
+		}
+	}
+	if dc := rt.cfg.Discord(); dc.Token != "" {
+		a, err := discord.New(pub, res, discord.Config{Token: dc.Token, PublicKey: dc.PublicKey, ApplicationID: dc.ApplicationID,
+			APIBase: dc.APIBase, GatewayURL: dc.GatewayURL, RequireMention: dc.RequireMention,
+			MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), Logger: rt.log})
+		if err != nil {
+			p.stop()
+			return nil, fmt.Errorf("platforms.discord: %w", err)
+		}
+		if dc.PublicKey != "" {
+			h, err := a.InteractionsHandler()
+			if err != nil {
+				p.stop()
+				return nil, fmt.Errorf("platforms.discord: %w", err)
+			}
+			p.routes["/webhooks/discord"] = h
+			rt.log.Info("discord interactions endpoint enabled", "path", "/webhooks/discord")
+		}
+		s, err := ingress.NewSingleton(js, res, ingress.SingletonConfig{Names: rt.names, Kind: "discord_gateway",
+			ID: ingress.TokenID(dc.Token), Logger: rt.log})
+		if err != nil {
+			p.stop()
+			return nil, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = s.Run(ctx, a.Gateway)
+		}()
+		rt.log.Info("discord gateway enabled", "lease", s.Key())
+		if err := p.startDelivery(ctx, rt, js, res, discord.DeliveryConfig(a.Sender())); err != nil {
 			p.stop()
 			return nil, err
 		}
@@ -128,6 +227,8 @@ func (p *platforms) startDelivery(ctx context.Context, rt *runtime, js jetstream
 	cfg.Backoff = rt.cfg.Delivery.Backoff.Duration()
 	cfg.MaxAttempts = rt.cfg.Delivery.MaxAttempts
 	cfg.MaxAge = rt.cfg.Delivery.MaxAge.Duration()
+	cfg.Metrics = rt.instruments()
+	cfg.TracerProvider = rt.tracer()
 	d, err := ingress.NewPlatformDelivery(js, res, cfg)
 	if err != nil {
 		return err
@@ -136,5 +237,32 @@ func (p *platforms) startDelivery(ctx context.Context, rt *runtime, js jetstream
 		return err
 	}
 	p.deliveries = append(p.deliveries, d)
+	return nil
+}
+
+// startLive runs the platform's live messages (streamed deltas edited into
+// one message) in one process of the fleet: under a singleton lease, as
+// the poll loop. The delivery consumer, in any process, finds the live
+// message in the delivered bucket.
+func (rt *runtime) startLive(ctx context.Context, js jetstream.JetStream, res *broker.Resources, cfg ingress.LiveEditsConfig, id string, wg *sync.WaitGroup) error {
+	if cfg.Sender == nil {
+		return nil
+	}
+	cfg.Names = rt.names
+	cfg.Logger = rt.log
+	l, err := ingress.NewLiveEdits(js, res, cfg)
+	if err != nil {
+		return err
+	}
+	s, err := ingress.NewSingleton(js, res, ingress.SingletonConfig{Names: rt.names, Kind: string(cfg.Platform) + "_live",
+		ID: id, Logger: rt.log})
+	if err != nil {
+		return err
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = s.Run(ctx, l.Run)
+	}()
 	return nil
 }

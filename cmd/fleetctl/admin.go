@@ -2,20 +2,16 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/urfave/cli/v2"
 
-	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/admin"
 	"github.com/agentfleet/agentfleet/session"
 )
 
@@ -67,11 +63,11 @@ func adminCommands() []*cli.Command {
 		}
 	}
 	return []*cli.Command{
-		mk("stop", "stop", "interrupt the running turn and suspend the session (like /stop)", ""),
-		mk("reset", "reset", "start a new session (like /reset)", ""),
-		mk("suspend", "suspend", "suspend the session: the next message starts a fresh one", ""),
-		mk("resume-pending", "resume_pending", "mark the session resume_pending (restart_interrupted)", ""),
-		mk("busy", "busy", "set the lane's busy mode (like /busy)", "MODE"),
+		mk("stop", session.CmdStop, "interrupt the running turn and suspend the session (like /stop)", ""),
+		mk("reset", session.CmdReset, "start a new session (like /reset)", ""),
+		mk("suspend", session.CmdSuspend, "suspend the session: the next message starts a fresh one", ""),
+		mk("resume-pending", session.CmdResumePending, "mark the session resume_pending (restart_interrupted)", ""),
+		mk("busy", session.CmdBusy, "set the lane's busy mode (like /busy)", "MODE"),
 		{
 			Name:  "suspend-recent",
 			Usage: "mark sessions updated within --max-age resume_pending (after an unclean stop of the whole fleet without markers)",
@@ -100,43 +96,11 @@ func adminCommands() []*cli.Command {
 }
 
 func publishCommand(ctx context.Context, cl *client, lane, command, args string) (uint64, error) {
-	e, _, err := cl.store.Get(ctx, lane)
-	if err != nil {
-		return 0, err
-	}
-	in := session.Inbound{SessionKey: e.SessionKey, Kind: session.KindCommand, Command: command, Args: args, ReceivedAt: time.Now()}
-	if o, ok := e.OriginSource(); ok {
-		in.Source = o
-	}
-	data, err := json.Marshal(in)
-	if err != nil {
-		return 0, err
-	}
-	msg := nats.NewMsg(cl.names.InboxSubject(session.Partition(cl.names.Prefix(), lane), lane))
-	msg.Data = data
-	msg.Header.Set(broker.HdrSessionKey, e.SessionKey)
-	msg.Header.Set(broker.HdrKind, session.KindCommand)
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	ack, err := cl.js.PublishMsg(ctx, msg, jetstream.WithMsgID("admin:"+hex.EncodeToString(b[:])))
-	if err != nil {
-		return 0, err
-	}
-	return ack.Sequence, nil
+	return cl.fl.PublishCommand(ctx, lane, command, args)
 }
 
 // DeadLetter is one dead-lettered inbox message.
-type DeadLetter struct {
-	Seq        uint64          `json:"seq"`
-	Lane       string          `json:"lane"`
-	InboxSeq   uint64          `json:"inbox_seq"`
-	SessionID  string          `json:"session_id"`
-	TurnID     string          `json:"turn_id"`
-	Reason     string          `json:"reason"`
-	At         time.Time       `json:"at"`
-	Message    session.Inbound `json:"message"`
-	SessionKey string          `json:"session_key"`
-}
+type DeadLetter = admin.DeadLetter
 
 func deadLetterCommand() *cli.Command {
 	return &cli.Command{
@@ -226,39 +190,23 @@ func deadLetterCommand() *cli.Command {
 						return err
 					}
 					defer done()
-					ev, err := cl.js.Stream(ctx, cl.names.EventStream())
-					if err != nil {
-						return err
-					}
 					var purged uint64
 					switch {
 					case c.IsSet("seq"):
-						if _, _, err := getDeadLetter(ctx, cl, c.Uint64("seq")); err != nil {
+						if err := cl.fl.PurgeDeadLetter(ctx, c.Uint64("seq")); err != nil {
 							return err
-						}
-						if err := ev.DeleteMsg(ctx, c.Uint64("seq")); err != nil {
-							return fmt.Errorf("delete dead letter %d: %w", c.Uint64("seq"), err)
 						}
 						purged = 1
 					default:
-						filter := cl.names.DeadLetterWildcard()
+						lane := ""
 						if c.NArg() == 1 {
-							lane, err := resolveLane(ctx, cl, c.Args().First())
-							if err != nil {
+							if lane, err = resolveLane(ctx, cl, c.Args().First()); err != nil {
 								return err
 							}
-							filter = cl.names.DeadLetterSubject(lane)
 						}
-						dls, err := readDeadLetters(ctx, cl, filter)
-						if err != nil {
+						if purged, err = cl.fl.PurgeDeadLetters(ctx, lane); err != nil {
 							return err
 						}
-						if len(dls) > 0 {
-							if err := ev.Purge(ctx, jetstream.WithPurgeSubject(filter)); err != nil {
-								return err
-							}
-						}
-						purged = uint64(len(dls))
 					}
 					if c.Bool("json") {
 						return printJSON(c.App.Writer, map[string]any{"purged": purged})
@@ -280,30 +228,14 @@ func deadLetterCommand() *cli.Command {
 						return err
 					}
 					defer done()
-					d, raw, err := getDeadLetter(ctx, cl, seq)
-					if err != nil {
-						return err
-					}
-					// The replay is a new message: its platform id already
-					// belongs to the dead-lettered one, so it is dropped (the
-					// replay:<seq> Msg-Id keeps a replay from running twice).
-					d.Message.PlatformMsgID = ""
-					body, err := json.Marshal(d.Message)
-					if err != nil {
-						return err
-					}
-					msg := nats.NewMsg(cl.names.InboxSubject(session.Partition(cl.names.Prefix(), d.Lane), d.Lane))
-					msg.Data = body
-					msg.Header.Set(broker.HdrSessionKey, d.SessionKey)
-					msg.Header.Set(broker.HdrKind, nonEmpty(raw.Header.Get(broker.HdrKind), session.KindMessage))
-					ack, err := cl.js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("replay:%d", seq)))
+					r, err := cl.fl.ReplayDeadLetter(ctx, seq)
 					if err != nil {
 						return err
 					}
 					if c.Bool("json") {
-						return printJSON(c.App.Writer, map[string]any{"replayed": seq, "inbox_seq": ack.Sequence, "duplicate": ack.Duplicate, "lane": d.Lane})
+						return printJSON(c.App.Writer, map[string]any{"replayed": seq, "inbox_seq": r.InboxSeq, "duplicate": r.Duplicate, "lane": r.Lane})
 					}
-					fmt.Fprintf(c.App.Writer, "replayed dead letter %d into %s at inbox seq %d\n", seq, d.Lane, ack.Sequence)
+					fmt.Fprintf(c.App.Writer, "replayed dead letter %d into %s at inbox seq %d\n", seq, r.Lane, r.InboxSeq)
 					return nil
 				},
 			},
@@ -311,62 +243,12 @@ func deadLetterCommand() *cli.Command {
 	}
 }
 
-func nonEmpty(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
-}
-
-func decodeDeadLetter(cl *client, raw *jetstream.RawStreamMsg) (DeadLetter, bool) {
-	prefix := cl.names.Prefix() + ".dlq."
-	if len(raw.Subject) <= len(prefix) || raw.Subject[:len(prefix)] != prefix {
-		return DeadLetter{}, false
-	}
-	d := DeadLetter{Seq: raw.Sequence, Lane: raw.Subject[len(prefix):], At: raw.Time,
-		SessionID: raw.Header.Get(broker.HdrSessionID), TurnID: raw.Header.Get(broker.HdrTurnID), Reason: raw.Header.Get(broker.HdrReason),
-		SessionKey: raw.Header.Get(broker.HdrSessionKey)}
-	d.InboxSeq, _ = strconv.ParseUint(raw.Header.Get(broker.HdrInboxSeq), 10, 64)
-	_ = json.Unmarshal(raw.Data, &d.Message)
-	return d, true
-}
-
 func readDeadLetters(ctx context.Context, cl *client, filter string) ([]DeadLetter, error) {
-	ev, err := cl.js.Stream(ctx, cl.names.EventStream())
-	if err != nil {
-		return nil, err
-	}
-	var out []DeadLetter
-	seq := uint64(1)
-	for {
-		raw, err := ev.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return out, nil
-		}
-		if err != nil {
-			return out, err
-		}
-		if d, ok := decodeDeadLetter(cl, raw); ok {
-			out = append(out, d)
-		}
-		seq = raw.Sequence + 1
-	}
+	return cl.fl.DeadLetters(ctx, filter)
 }
 
 func getDeadLetter(ctx context.Context, cl *client, seq uint64) (DeadLetter, *jetstream.RawStreamMsg, error) {
-	ev, err := cl.js.Stream(ctx, cl.names.EventStream())
-	if err != nil {
-		return DeadLetter{}, nil, err
-	}
-	raw, err := ev.GetMsg(ctx, seq)
-	if err != nil {
-		return DeadLetter{}, nil, fmt.Errorf("dead letter %d: %w", seq, err)
-	}
-	d, ok := decodeDeadLetter(cl, raw)
-	if !ok {
-		return DeadLetter{}, nil, fmt.Errorf("message %d is not a dead letter", seq)
-	}
-	return d, raw, nil
+	return cl.fl.DeadLetter(ctx, seq)
 }
 
 func renderDeadLetters(w io.Writer, dls []DeadLetter) error {

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/urfave/cli/v2"
 
+	"github.com/agentfleet/agentfleet/admin"
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/cmd/internal/cliutil"
 	"github.com/agentfleet/agentfleet/config"
@@ -76,6 +77,8 @@ type client struct {
 	store *kv.Store
 	tx    *transcript.Log
 	cfg   config.Config
+	// fl is the same connection for what fleetctl shares with the console.
+	fl *admin.Fleet
 }
 
 func dial(c *cli.Context) (*client, context.Context, context.CancelFunc, error) {
@@ -131,7 +134,7 @@ func dialFor(c *cli.Context, follow bool) (*client, context.Context, context.Can
 		nc.Close()
 		return nil, nil, nil, err
 	}
-	res, err := openResources(ctx, js, names)
+	res, err := admin.OpenResources(ctx, js, names)
 	if err != nil {
 		cancel()
 		nc.Close()
@@ -144,6 +147,7 @@ func dialFor(c *cli.Context, follow bool) (*client, context.Context, context.Can
 		return nil, nil, nil, err
 	}
 	cl := &client{nc: nc, js: js, names: names, res: res, store: kv.NewStore(res, nil), tx: tx, cfg: cfg}
+	cl.fl = &admin.Fleet{NC: nc, JS: js, Names: names, Res: res, Store: cl.store, TX: tx}
 	if follow {
 		cancel()
 		ctx, cancel = context.WithCancel(c.Context)
@@ -154,47 +158,7 @@ func dialFor(c *cli.Context, follow bool) (*client, context.Context, context.Can
 // inboxBacklog counts what waits in a lane's inbox after seq: the /queue
 // items and all messages (queue items, plain messages, commands).
 func inboxBacklog(ctx context.Context, cl *client, lane string, after uint64) (queued, pending int, err error) {
-	filter := cl.names.InboxLaneFilter(lane)
-	for seq := after + 1; ; {
-		raw, err := cl.res.Inbox.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return queued, pending, nil
-		}
-		if err != nil {
-			return queued, pending, err
-		}
-		pending++
-		if raw.Header.Get(broker.HdrKind) == session.KindQueue {
-			queued++
-		}
-		seq = raw.Sequence + 1
-	}
-}
-
-// openResources binds to an existing fleet without creating anything.
-func openResources(ctx context.Context, js jetstream.JetStream, n broker.Names) (*broker.Resources, error) {
-	res := &broker.Resources{JS: js}
-	var err error
-	if res.Sessions, err = js.KeyValue(ctx, n.SessionsBucket()); err != nil {
-		return nil, fmt.Errorf("sessions bucket %s: %w (is the fleet running and provisioned?)", n.SessionsBucket(), err)
-	}
-	if res.SessionIDs, err = js.KeyValue(ctx, n.SessionIDsBucket()); err != nil {
-		return nil, fmt.Errorf("session-id bucket: %w", err)
-	}
-	if res.Leases, err = js.KeyValue(ctx, n.LeasesBucket()); err != nil {
-		return nil, fmt.Errorf("leases bucket: %w", err)
-	}
-	if res.Workers, err = js.KeyValue(ctx, n.WorkersBucket()); err != nil {
-		return nil, fmt.Errorf("workers bucket: %w", err)
-	}
-	if res.Transcripts, err = js.Stream(ctx, n.TranscriptStream()); err != nil {
-		return nil, fmt.Errorf("transcript stream: %w", err)
-	}
-	if res.Inbox, err = js.Stream(ctx, n.InboxStream()); err != nil {
-		return nil, fmt.Errorf("inbox stream: %w", err)
-	}
-	res.InboxID = res.Inbox.CachedInfo().Config.Metadata[broker.InboxIDMetadata]
-	return res, nil
+	return cl.fl.InboxBacklog(ctx, lane, after)
 }
 
 func keyCommand() *cli.Command {
@@ -247,20 +211,7 @@ func keyCommand() *cli.Command {
 
 // resolveLane accepts a session key, a lane token or a session id.
 func resolveLane(ctx context.Context, cl *client, arg string) (string, error) {
-	if session.ValidSessionID(arg) {
-		rec, err := cl.store.LookupIndex(ctx, arg)
-		if err != nil {
-			return "", err
-		}
-		return rec.Lane, nil
-	}
-	if strings.Contains(arg, ":") {
-		return session.LaneToken(arg), nil
-	}
-	if _, err := session.ParseLaneToken(arg); err == nil {
-		return arg, nil
-	}
-	return "", fmt.Errorf("%q is not a session key, lane or session id", arg)
+	return cl.fl.ResolveLane(ctx, arg)
 }
 
 func sessionCommand() *cli.Command {

@@ -9,8 +9,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 	"github.com/urfave/cli/v2"
 
 	"github.com/agentfleet/agentfleet/statedb"
@@ -19,24 +17,7 @@ import (
 // apiCall sends one request to the state database's micro service
 // (fleet.api) and decodes the answer into resp.
 func apiCall(ctx context.Context, cl *client, endpoint string, req, resp any) error {
-	data, err := json.Marshal(req)
-	if err != nil {
-		return err
-	}
-	m, err := cl.nc.RequestWithContext(ctx, cl.names.APISubject(endpoint), data)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return fmt.Errorf("no state database answers on %s: run `agentfleet indexer --db FILE` (or `agentfleet up`)", cl.names.APISubject(endpoint))
-	}
-	if err != nil {
-		return fmt.Errorf("%s: %w", cl.names.APISubject(endpoint), err)
-	}
-	if code := m.Header.Get(micro.ErrorCodeHeader); code != "" {
-		return fmt.Errorf("%s: %s (%s)", endpoint, m.Header.Get(micro.ErrorHeader), code)
-	}
-	if err := json.Unmarshal(m.Data, resp); err != nil {
-		return fmt.Errorf("%s: undecodable answer: %w", endpoint, err)
-	}
-	return nil
+	return cl.fl.Call(ctx, endpoint, req, resp)
 }
 
 func oneLine(s string, n int) string {

@@ -141,3 +141,71 @@ func (e *Env) StartDelivery(cfg ingress.PlatformDeliveryConfig, mod func(*ingres
 	}
 	e.t.Cleanup(d.Stop)
 }
+
+// PublishTurnReply is PublishReply of a reply of turn turnID.
+func (e *Env) PublishTurnReply(platform session.Platform, id, turnID, chat, thread, text string) {
+	e.t.Helper()
+	src := session.SessionSource{Platform: platform, ChatID: chat, ChatType: session.ChatDM, ThreadID: thread}
+	key := session.BuildSessionKey(src, session.DefaultKeyOptions())
+	rep := session.Reply{ID: id, SessionKey: key, SessionID: "20261123_120000_abcdef01", TurnID: turnID, Kind: session.ReplyKindReply,
+		Text: text, Platform: platform, ChatID: chat, ThreadID: thread, CreatedAt: time.Now().UTC()}
+	data, _ := json.Marshal(rep)
+	msg := nats.NewMsg(e.Names.OutboxSubject(string(platform), session.LaneToken(key)))
+	msg.Data = data
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	if _, err := e.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(id)); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// PutSession stores the session entry of a DM chat (in thread, when not
+// empty) of platform with its origin, as a worker does at a turn's start,
+// and returns the session key.
+func (e *Env) PutSession(platform session.Platform, chat, thread string) string {
+	e.t.Helper()
+	src := session.SessionSource{Platform: platform, ChatID: chat, ChatType: session.ChatDM, ThreadID: thread}
+	key := session.BuildSessionKey(src, session.DefaultKeyOptions())
+	entry := session.SessionEntry{SessionKey: key, SessionID: "20261123_120000_abcdef01"}
+	entry.SetOrigin(src)
+	data, _ := json.Marshal(entry)
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	if _, err := e.Res.Sessions.Put(ctx, session.LaneToken(key), data); err != nil {
+		e.t.Fatal(err)
+	}
+	return key
+}
+
+// Delta publishes delta n of attempt 1 of turnID on the lane of key, as a
+// streaming agent's worker does (core NATS).
+func (e *Env) Delta(key, turnID string, n int, text string) {
+	e.t.Helper()
+	data, _ := json.Marshal(session.Delta{SessionKey: key, SessionID: "20261123_120000_abcdef01", TurnID: turnID, Attempt: 1, N: n, Text: text})
+	nc := e.JS.Conn()
+	if err := nc.Publish(e.Names.DeltaSubject(session.LaneToken(key)), data); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := nc.FlushTimeout(Timeout); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// StartLive runs a LiveEdits of cfg until the test ends, with the env's
+// names (mod may change any of it).
+func (e *Env) StartLive(cfg ingress.LiveEditsConfig, mod func(*ingress.LiveEditsConfig)) {
+	e.t.Helper()
+	cfg.Names = e.Names
+	if mod != nil {
+		mod(&cfg)
+	}
+	l, err := ingress.NewLiveEdits(e.JS, e.Res, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	stop, err := l.Start(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(stop)
+}

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"strings"
@@ -65,6 +66,12 @@ type Config struct {
 	RequireMention bool
 	// MaxBodyBytes caps a request body. Defaults to 1 MiB.
 	MaxBodyBytes int64
+	// MediaBaseURL is the URL at which agents reach this ingress (its
+	// http.public_url): attachments get links to its media endpoint,
+	// GET /v1/media/slack/<file id>, which downloads the file with the bot
+	// token (scope files:read) on the agent's behalf. Empty: attachments
+	// carry the file id only.
+	MediaBaseURL string
 	// HTTPClient makes Web API calls. Defaults to a client with a 30 s
 	// timeout.
 	HTTPClient *http.Client
@@ -80,6 +87,8 @@ type Adapter struct {
 	log    *slog.Logger
 	mu     sync.Mutex
 	botIDs map[string]string // team id -> the app's bot user id
+	// linker makes the media links (nil without Config.MediaBaseURL).
+	linker *ingress.MediaLinker
 }
 
 // New returns the adapter publishing through pub.
@@ -102,13 +111,24 @@ func New(pub *ingress.Publisher, cfg Config) (*Adapter, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Adapter{
+	a := &Adapter{
 		cfg:    cfg,
 		pub:    pub,
 		api:    slackapi.New(cfg.BotToken, slackapi.OptionAPIURL(cfg.APIBase), slackapi.OptionHTTPClient(cfg.HTTPClient)),
 		log:    cfg.Logger.With(slog.String("platform", "slack")),
 		botIDs: map[string]string{},
-	}, nil
+	}
+	if cfg.MediaBaseURL != "" {
+		if cfg.BotToken == "" {
+			return nil, fmt.Errorf("%w: slack: media links need the bot token", ingress.ErrInvalidConfig)
+		}
+		l, err := ingress.NewMediaLinker(cfg.MediaBaseURL, session.PlatformSlack, ingress.MediaKey(cfg.BotToken))
+		if err != nil {
+			return nil, fmt.Errorf("slack: %w", err)
+		}
+		a.linker = l
+	}
+	return a, nil
 }
 
 // Skip says why an event is not a message for the agent; it is answered
@@ -190,6 +210,8 @@ func ToMessage(ev *Event, botUserID string, requireMention bool) (ingress.Messag
 		botUserID = ev.BotUserID
 	}
 	var user, text, ts, threadTS, channel, channelType, botID string
+	var files []slackapi.File
+	var shared []slackapi.Attachment
 	mentioned := false
 	switch e := ev.Inner.(type) {
 	case *slackevents.MessageEvent:
@@ -197,11 +219,15 @@ func ToMessage(ev *Event, botUserID string, requireMention bool) (ingress.Messag
 			return ingress.Message{}, &Skip{"message subtype " + e.SubType}
 		}
 		user, text, ts, threadTS, channel, channelType, botID = e.User, e.Text, e.TimeStamp, e.ThreadTimeStamp, e.Channel, e.ChannelType, e.BotID
+		if e.Message != nil {
+			files, shared = e.Message.Files, e.Message.Attachments
+		}
 	case *slackevents.AppMentionEvent:
 		if e.Edited != nil {
 			return ingress.Message{}, &Skip{"edited message"}
 		}
 		user, text, ts, threadTS, channel, botID = e.User, e.Text, e.TimeStamp, e.ThreadTimeStamp, e.Channel, e.BotID
+		files, shared = e.Files, e.Attachments
 		mentioned = true
 	default:
 		return ingress.Message{}, &Skip{fmt.Sprintf("event %T", ev.Inner)}
@@ -240,7 +266,8 @@ func ToMessage(ev *Event, botUserID string, requireMention bool) (ingress.Messag
 	if requireMention && src.ChatType != session.ChatDM && !mentioned {
 		return ingress.Message{}, &Skip{"channel message without a mention of the app"}
 	}
-	if strings.TrimSpace(text) == "" {
+	atts := attachments(files)
+	if strings.TrimSpace(text) == "" && len(atts) == 0 {
 		return ingress.Message{}, &Skip{"no text"}
 	}
 	if !utf8.ValidString(text) {
@@ -250,10 +277,77 @@ func ToMessage(ev *Event, botUserID string, requireMention bool) (ingress.Messag
 		return ingress.Message{}, fmt.Errorf("%w: %w: text of %d characters is longer than Slack's %d", ingress.ErrRejected, ingress.ErrTooLarge, n, MaxTextLength)
 	}
 	return ingress.Message{
-		Source:  src,
-		Text:    text,
-		DedupID: ingress.PlatformMsgID(session.PlatformSlack, channel, ts),
+		Source:      src,
+		Text:        text,
+		DedupID:     ingress.PlatformMsgID(session.PlatformSlack, channel, ts),
+		Attachments: atts,
+		Quote:       quoteOf(shared, ts, threadTS),
 	}, nil
+}
+
+// attachments maps the files of a message onto the fleet's attachments by
+// their media type: images are photos, Slack's recorded clips
+// (media_display_type audio) voice notes, other audio audio, video video,
+// anything else a document. Deleted files (tombstones) and files hidden by
+// the workspace's plan carry nothing to fetch and are left out. Only file
+// ids: the adapter adds the URLs (url_private needs the bot token).
+func attachments(files []slackapi.File) []session.Attachment {
+	var out []session.Attachment
+	for _, f := range files {
+		if f.ID == "" || f.Mode == "tombstone" || f.Mode == "hidden_by_limit" {
+			continue
+		}
+		a := session.Attachment{FileID: f.ID, MimeType: f.Mimetype, Size: int64(max(f.Size, 0)), Name: f.Name}
+		major, _, _ := strings.Cut(f.Mimetype, "/")
+		switch {
+		case f.MediaDisplayType == "audio":
+			a.Kind = session.AttachVoice
+		case major == "image":
+			a.Kind = session.AttachPhoto
+		case major == "audio":
+			a.Kind = session.AttachAudio
+		case major == "video" || f.MediaDisplayType == "video":
+			a.Kind = session.AttachVideo
+		default:
+			a.Kind = session.AttachDocument
+		}
+		if !utf8.ValidString(a.Name) {
+			a.Name = strings.ToValidUTF8(a.Name, "")
+		}
+		if len(a.Name) > session.MaxFileNameLength {
+			a.Name = ""
+		}
+		if _, _, err := mime.ParseMediaType(a.MimeType); err != nil || !strings.Contains(a.MimeType, "/") {
+			a.MimeType = ""
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// quoteOf is a Slack message's reply context: a message the user shared
+// or quoted into it (an attachment Slack marks is_share or is_msg_unfurl,
+// with the quoted text and author), else, for a reply in a thread, the
+// thread's parent (its ts only: the event does not carry its text).
+func quoteOf(shared []slackapi.Attachment, ts, threadTS string) *session.Quote {
+	for _, a := range shared {
+		if !a.IsShare && !a.IsMsgUnfurl {
+			continue
+		}
+		q := &session.Quote{MessageID: string(a.Ts), Text: strings.ToValidUTF8(a.Text, ""), SenderID: a.AuthorID,
+			SenderName: strings.ToValidUTF8(a.AuthorName, "")}
+		if q.MessageID == "" || session.ValidateID("message_id", q.MessageID) != nil || session.ValidateID("sender_id", q.SenderID) != nil {
+			continue
+		}
+		if len(q.SenderName) > session.MaxNameLength {
+			q.SenderName = ""
+		}
+		return q
+	}
+	if threadTS != "" && threadTS != ts {
+		return &session.Quote{MessageID: threadTS}
+	}
+	return nil
 }
 
 // channelTypeOf infers a channel's type from its id when the event does not
@@ -366,6 +460,7 @@ func (a *Adapter) handle(ctx context.Context, ev *Event) (ingress.Accepted, erro
 	if err != nil {
 		return ingress.Accepted{}, err
 	}
+	a.linkMedia(&m)
 	return a.pub.Publish(ctx, m)
 }
 
@@ -410,6 +505,48 @@ func (s sender) Send(ctx context.Context, t ingress.Target, text string) error {
 		return sendError(err)
 	}
 	return nil
+}
+
+// Post is Send that returns the new message's ts (an ingress.LiveSender:
+// the first streamed delta of a turn).
+func (s sender) Post(ctx context.Context, t ingress.Target, text string) (string, error) {
+	opts := []slackapi.MsgOption{slackapi.MsgOptionText(text, false)}
+	if t.ThreadID != "" {
+		opts = append(opts, slackapi.MsgOptionTS(t.ThreadID))
+	}
+	_, ts, err := s.a.api.PostMessageContext(ctx, t.ChatID, opts...)
+	if err != nil {
+		return "", sendError(err)
+	}
+	return ts, nil
+}
+
+// Edit replaces the text of message msgID (its ts) with chat.update.
+func (s sender) Edit(ctx context.Context, t ingress.Target, msgID, text string) error {
+	_, _, _, err := s.a.api.UpdateMessageContext(ctx, t.ChatID, msgID, slackapi.MsgOptionText(text, false))
+	if err != nil {
+		se := sendError(err)
+		if e, ok := se.(*ingress.SendError); ok {
+			e.Ambiguous = false // a failed edit changes nothing visible
+		}
+		return se
+	}
+	return nil
+}
+
+// LiveConfig returns the live-message settings of Slack: chat.update is a
+// Tier 3 method (about 50 a minute per workspace), so one edit per chat
+// per ChatInterval, and a 429 pauses every chat's edits.
+func LiveConfig(s ingress.Sender) ingress.LiveEditsConfig {
+	ls, _ := s.(ingress.LiveSender)
+	return ingress.LiveEditsConfig{
+		Platform:     session.PlatformSlack,
+		Sender:       ls,
+		MaxLen:       MaxMessageLength,
+		Length:       ingress.RuneLen,
+		EditInterval: ChatInterval,
+		RateLimitAll: true,
+	}
 }
 
 // sendError classifies a chat.postMessage failure.

@@ -259,8 +259,21 @@ func FuzzParseEvent(f *testing.F) {
 			if err != nil {
 				continue
 			}
-			if strings.TrimSpace(m.Text) == "" || m.DedupID == "" || !session.ValidChatType(m.Source.ChatType) {
+			if strings.TrimSpace(m.Text) == "" && len(m.Attachments) == 0 || m.DedupID == "" || !session.ValidChatType(m.Source.ChatType) {
 				t.Fatalf("accepted an unusable message: %+v", m)
+			}
+			// What the mapping produces passes the media bounds (given a URL
+			// the adapter would add), so a real message is never refused
+			// for its files' metadata.
+			atts := append([]session.Attachment(nil), m.Attachments...)
+			for i := range atts {
+				if atts[i].FileID == "" || atts[i].URL != "" {
+					t.Fatalf("attachment %+v", atts[i])
+				}
+				atts[i].FileID = "F1" // platform ids are checked by Publish
+			}
+			if err := session.ValidateMedia(atts, nil); err != nil && len(atts) <= session.MaxAttachments {
+				t.Fatalf("mapped attachments are invalid: %v", err)
 			}
 		}
 	})

@@ -59,6 +59,12 @@ type Config struct {
 	PollTimeout time.Duration
 	// MaxBodyBytes caps a webhook body. Defaults to 1 MiB.
 	MaxBodyBytes int64
+	// MediaBaseURL is the URL at which agents reach this ingress (its
+	// http.public_url): attachments get links to its media endpoint,
+	// GET /v1/media/telegram/<file id>, which downloads the file with the
+	// bot token on the agent's behalf. Empty: attachments carry the file id
+	// only.
+	MediaBaseURL string
 	// HTTPClient makes the API calls. Defaults to a client without an
 	// overall timeout (each call has its own).
 	HTTPClient *http.Client
@@ -73,6 +79,9 @@ type Adapter struct {
 	client    *Client
 	log       *slog.Logger
 	secretSum [sha256.Size]byte
+
+	// linker makes the media links (nil without Config.MediaBaseURL).
+	linker *ingress.MediaLinker
 
 	mu       sync.Mutex
 	bot      Bot
@@ -104,6 +113,13 @@ func New(pub *ingress.Publisher, cfg Config) (*Adapter, error) {
 		bot:    Bot{ID: BotIDFromToken(cfg.Token)},
 	}
 	a.secretSum = sha256.Sum256([]byte(cfg.WebhookSecret))
+	if cfg.MediaBaseURL != "" {
+		l, err := ingress.NewMediaLinker(cfg.MediaBaseURL, session.PlatformTelegram, ingress.MediaKey(cfg.Token))
+		if err != nil {
+			return nil, fmt.Errorf("telegram: %w", err)
+		}
+		a.linker = l
+	}
 	return a, nil
 }
 
@@ -230,6 +246,7 @@ func (a *Adapter) Handle(ctx context.Context, body []byte) (ingress.Accepted, er
 	if err != nil {
 		return ingress.Accepted{}, err
 	}
+	a.linkMedia(&m)
 	res, err := a.pub.Publish(ctx, m)
 	if err != nil {
 		return ingress.Accepted{}, err
@@ -351,6 +368,61 @@ func (s sender) Send(ctx context.Context, t ingress.Target, text string) error {
 		return sendError(err)
 	}
 	return nil
+}
+
+// Post is Send that returns the new message's id (an ingress.LiveSender:
+// the first streamed delta of a turn).
+func (s sender) Post(ctx context.Context, t ingress.Target, text string) (string, error) {
+	thread, err := topic(t)
+	if err != nil {
+		return "", err
+	}
+	id, err := s.a.client.PostMessage(ctx, t.ChatID, thread, text)
+	if err != nil {
+		return "", sendError(err)
+	}
+	return strconv.FormatInt(id, 10), nil
+}
+
+// Edit replaces the text of a message posted by Post (editMessageText).
+func (s sender) Edit(ctx context.Context, t ingress.Target, msgID, text string) error {
+	id, err := strconv.ParseInt(msgID, 10, 64)
+	if err != nil {
+		return &ingress.SendError{Permanent: true, Err: fmt.Errorf("message id %q is not a Telegram message id", msgID)}
+	}
+	if err := s.a.client.EditMessageText(ctx, t.ChatID, id, text); err != nil {
+		se := sendError(err)
+		// A failed edit changes nothing visible: retried as it is.
+		if e, ok := se.(*ingress.SendError); ok {
+			e.Ambiguous = false
+		}
+		return se
+	}
+	return nil
+}
+
+func topic(t ingress.Target) (int64, error) {
+	if t.ThreadID == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(t.ThreadID, 10, 64)
+	if err != nil {
+		return 0, &ingress.SendError{Permanent: true, Err: fmt.Errorf("thread id %q is not a Telegram topic id", t.ThreadID)}
+	}
+	return n, nil
+}
+
+// LiveConfig returns the live-message settings of Telegram: one edit per
+// chat per second (its per-chat limit), a 429 pausing the chat.
+func LiveConfig(s ingress.Sender) ingress.LiveEditsConfig {
+	ls, _ := s.(ingress.LiveSender)
+	return ingress.LiveEditsConfig{
+		Platform:     session.PlatformTelegram,
+		Sender:       ls,
+		MaxLen:       MaxMessageLength,
+		Length:       ingress.UTF16Len,
+		EditInterval: ChatInterval,
+	}
 }
 
 // DeliveryConfig returns the platform delivery settings of Telegram: its

@@ -84,8 +84,8 @@ func (b *bundle) post(body []byte, secretHeader string) (int, string) {
 // TestToMessageRecorded converts recorded Bot API updates of every chat
 // kind: private chats, groups (a command addressed to this bot, one to
 // another bot), forum topics as threads, supergroup reply chains (not
-// threads), channel posts, captions; edited messages, bot messages and
-// updates without text are ignored.
+// threads), channel posts, captions, a sticker (an attachment without
+// text); edited messages and bot messages are ignored.
 func TestToMessageRecorded(t *testing.T) {
 	t.Parallel()
 	bot := telegram.Bot{ID: 777, Username: telegramtest.BotUsername}
@@ -116,7 +116,7 @@ func TestToMessageRecorded(t *testing.T) {
 			key: "agent:main:telegram:dm:123456789"},
 		{file: "edited_message.json", skip: "edited message"},
 		{file: "from_bot.json", skip: "sent by a bot"},
-		{file: "sticker.json", skip: "no text"},
+		{file: "sticker.json", chatType: "dm", chatID: "123456789", userID: "123456789", key: "agent:main:telegram:dm:123456789"},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			t.Parallel()
@@ -275,8 +275,19 @@ func FuzzParseUpdate(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if strings.TrimSpace(m.Text) == "" || m.DedupID == "" || m.Source.Platform != session.PlatformTelegram {
+		if strings.TrimSpace(m.Text) == "" && len(m.Attachments) == 0 || m.DedupID == "" || m.Source.Platform != session.PlatformTelegram {
 			t.Fatalf("accepted an unusable message: %+v", m)
+		}
+		for _, a := range m.Attachments {
+			if a.FileID == "" || a.URL != "" || a.Size < 0 {
+				t.Fatalf("attachment %+v", a)
+			}
+			if err := (session.Attachment{Kind: a.Kind, FileID: "x"}).Validate(); err != nil {
+				t.Fatalf("attachment kind: %v", err)
+			}
+		}
+		if m.Quote != nil && (m.Quote.MessageID == "" || m.Quote.MessageID != m.ReplyTo) {
+			t.Fatalf("quote %+v, reply_to %q", m.Quote, m.ReplyTo)
 		}
 		if !session.ValidChatType(m.Source.ChatType) {
 			t.Fatalf("chat type %q", m.Source.ChatType)

@@ -203,11 +203,35 @@ func (c *Client) DeleteWebhook(ctx context.Context) error {
 // shown as written, never refused as malformed entities) to chat, in the
 // forum topic thread when not 0.
 func (c *Client) SendMessage(ctx context.Context, chat string, thread int64, text string) error {
+	_, err := c.PostMessage(ctx, chat, thread, text)
+	return err
+}
+
+// PostMessage is SendMessage that returns the new message's message_id.
+func (c *Client) PostMessage(ctx context.Context, chat string, thread int64, text string) (int64, error) {
 	params := map[string]any{"chat_id": chat, "text": text}
 	if thread != 0 {
 		params["message_thread_id"] = thread
 	}
-	return c.call(ctx, "sendMessage", params, nil)
+	var msg struct {
+		MessageID int64 `json:"message_id"`
+	}
+	if err := c.call(ctx, "sendMessage", params, &msg); err != nil {
+		return 0, err
+	}
+	return msg.MessageID, nil
+}
+
+// EditMessageText replaces the text of message id in chat (plain text, as
+// SendMessage). Telegram refuses an edit to the same text with 400 "message
+// is not modified"; that answer is a success here.
+func (c *Client) EditMessageText(ctx context.Context, chat string, id int64, text string) error {
+	err := c.call(ctx, "editMessageText", map[string]any{"chat_id": chat, "message_id": id, "text": text}, nil)
+	var ae *APIError
+	if errors.As(err, &ae) && ae.Code == http.StatusBadRequest && strings.Contains(ae.Description, "message is not modified") {
+		return nil
+	}
+	return err
 }
 
 // sendError classifies a SendMessage failure for the delivery.

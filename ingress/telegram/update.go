@@ -39,11 +39,52 @@ type Message struct {
 	IsTopicMessage  bool     `json:"is_topic_message,omitempty"`
 	ReplyToMessage  *Message `json:"reply_to_message,omitempty"`
 	ViaBot          *User    `json:"via_bot,omitempty"`
+	// Quote is the part of the replied-to message the user quoted.
+	Quote *struct {
+		Text string `json:"text"`
+	} `json:"quote,omitempty"`
+	// MediaGroupID is set on each message of an album.
+	MediaGroupID string      `json:"media_group_id,omitempty"`
+	Photo        []PhotoSize `json:"photo,omitempty"`
+	Voice        *File       `json:"voice,omitempty"`
+	Audio        *File       `json:"audio,omitempty"`
+	Video        *File       `json:"video,omitempty"`
+	VideoNote    *File       `json:"video_note,omitempty"`
+	Animation    *File       `json:"animation,omitempty"`
+	Document     *File       `json:"document,omitempty"`
+	Sticker      *Sticker    `json:"sticker,omitempty"`
 	// ForumTopicCreated is set on the service message that opened a topic;
 	// a topic message replies to it, which is how the topic's name arrives.
 	ForumTopicCreated *struct {
 		Name string `json:"name"`
 	} `json:"forum_topic_created,omitempty"`
+}
+
+// PhotoSize is one size of a photo; a message's photo lists them from the
+// smallest to the largest.
+type PhotoSize struct {
+	FileID   string `json:"file_id"`
+	FileSize int64  `json:"file_size,omitempty"`
+	Width    int    `json:"width"`
+	Height   int    `json:"height"`
+}
+
+// File is the part of a Voice, Audio, Video, VideoNote, Animation or
+// Document the adapter reads.
+type File struct {
+	FileID   string `json:"file_id"`
+	FileName string `json:"file_name,omitempty"`
+	MimeType string `json:"mime_type,omitempty"`
+	FileSize int64  `json:"file_size,omitempty"`
+}
+
+// Sticker is the part of a Sticker the adapter reads.
+type Sticker struct {
+	FileID     string `json:"file_id"`
+	FileSize   int64  `json:"file_size,omitempty"`
+	IsAnimated bool   `json:"is_animated"`
+	IsVideo    bool   `json:"is_video"`
+	Emoji      string `json:"emoji,omitempty"`
 }
 
 // User is a Telegram user or bot.
@@ -138,7 +179,8 @@ func ToMessage(u *Update, bot Bot) (ingress.Message, error) {
 	if text == "" {
 		text = m.Caption
 	}
-	if strings.TrimSpace(text) == "" {
+	atts := attachments(m)
+	if strings.TrimSpace(text) == "" && len(atts) == 0 {
 		return ingress.Message{}, &Skip{"no text"}
 	}
 	if !utf8.ValidString(text) {
@@ -147,7 +189,7 @@ func ToMessage(u *Update, bot Bot) (ingress.Message, error) {
 	if n := ingress.UTF16Len(text); n > MaxTextLength {
 		return ingress.Message{}, fmt.Errorf("%w: %w: text of %d characters is longer than Telegram's %d", ingress.ErrRejected, ingress.ErrTooLarge, n, MaxTextLength)
 	}
-	if other := commandFor(text); other != "" && bot.Username != "" && !strings.EqualFold(other, bot.Username) {
+	if other := commandFor(text); len(atts) == 0 && other != "" && bot.Username != "" && !strings.EqualFold(other, bot.Username) {
 		return ingress.Message{}, &Skip{"command for @" + other}
 	}
 
@@ -188,16 +230,86 @@ func ToMessage(u *Update, bot Bot) (ingress.Message, error) {
 		src.UserName = chatName(m.SenderChat)
 	}
 	out := ingress.Message{
-		Source:  src,
-		Text:    text,
-		DedupID: ingress.PlatformMsgID(session.PlatformTelegram, src.ChatID, src.MessageID),
+		Source:      src,
+		Text:        text,
+		DedupID:     ingress.PlatformMsgID(session.PlatformTelegram, src.ChatID, src.MessageID),
+		Attachments: atts,
+		MediaGroup:  m.MediaGroupID,
 	}
 	// In a topic every message replies to the topic's opening message:
 	// that is not a reply the user made.
 	if r := m.ReplyToMessage; r != nil && r.MessageID != 0 && r.ForumTopicCreated == nil && !(m.IsTopicMessage && r.MessageID == m.MessageThreadID) {
 		out.ReplyTo = strconv.FormatInt(r.MessageID, 10)
+		out.Quote = quoteOf(m, r)
 	}
 	return out, nil
+}
+
+// attachments maps the files of a message onto the fleet's attachments:
+// the largest size of a photo, a voice note, audio, a video (video notes
+// and animations, which Telegram sends as MP4, included), a document, a
+// sticker. Only file ids: the adapter adds the URLs (Adapter.linkMedia),
+// since Telegram's own file URLs hold the bot token.
+func attachments(m *Message) []session.Attachment {
+	var out []session.Attachment
+	file := func(kind string, f *File, mimeDefault string) {
+		if f == nil || f.FileID == "" {
+			return
+		}
+		out = append(out, session.Attachment{Kind: kind, FileID: f.FileID, MimeType: nonEmpty(f.MimeType, mimeDefault),
+			Size: max(f.FileSize, 0), Name: f.FileName, Caption: m.Caption})
+	}
+	if n := len(m.Photo); n > 0 && m.Photo[n-1].FileID != "" {
+		p := m.Photo[n-1]
+		// Telegram re-encodes every photo as JPEG.
+		out = append(out, session.Attachment{Kind: session.AttachPhoto, FileID: p.FileID, MimeType: "image/jpeg",
+			Size: max(p.FileSize, 0), Caption: m.Caption})
+	}
+	file(session.AttachVoice, m.Voice, "audio/ogg")
+	file(session.AttachAudio, m.Audio, "")
+	file(session.AttachVideo, m.Video, "")
+	file(session.AttachVideo, m.VideoNote, "video/mp4")
+	file(session.AttachVideo, m.Animation, "video/mp4")
+	file(session.AttachDocument, m.Document, "")
+	if s := m.Sticker; s != nil && s.FileID != "" {
+		mt := "image/webp"
+		switch {
+		case s.IsAnimated:
+			mt = "application/x-tgsticker"
+		case s.IsVideo:
+			mt = "video/webm"
+		}
+		out = append(out, session.Attachment{Kind: session.AttachSticker, FileID: s.FileID, MimeType: mt, Size: max(s.FileSize, 0), Caption: s.Emoji})
+	}
+	return out
+}
+
+// quoteOf is the reply context of m, which replies to r: r's id and
+// sender, and the part the user quoted, else r's text or caption.
+func quoteOf(m, r *Message) *session.Quote {
+	q := &session.Quote{MessageID: strconv.FormatInt(r.MessageID, 10), Text: nonEmpty(r.Text, r.Caption)}
+	if m.Quote != nil && m.Quote.Text != "" {
+		q.Text = m.Quote.Text
+	}
+	switch {
+	case r.From != nil:
+		q.SenderID = strconv.FormatInt(r.From.ID, 10)
+		q.SenderName = userName(r.From)
+	case r.SenderChat != nil:
+		q.SenderID = strconv.FormatInt(r.SenderChat.ID, 10)
+		q.SenderName = chatName(r.SenderChat)
+	}
+	if !utf8.ValidString(q.Text) {
+		q.Text = strings.ToValidUTF8(q.Text, "")
+	}
+	return q
+}
+
+func nonEmpty(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }
 
 // commandFor returns the bot a "/cmd@bot ..." text addresses, "" when the

@@ -22,6 +22,7 @@ import (
 // msg is one message of the chaos run.
 type msg struct {
 	idx      int
+	id       string // the platform message id (httpMsgID of chat and message_id)
 	text     string
 	ingress  int
 	seq      uint64
@@ -140,7 +141,7 @@ func chaos(t *testing.T, s *stack) {
 					cancel()
 					return
 				}
-				x.seq, x.accepted = a.Seq, time.Now()
+				x.id, x.seq, x.accepted = httpMsgID(l.chat, id), a.Seq, time.Now()
 				l.mu.Lock()
 				if l.key == "" {
 					l.key = a.SessionKey

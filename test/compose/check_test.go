@@ -125,6 +125,10 @@ func (s *stack) describeInbox(seq uint64) string {
 // stats are what the invariant checks counted.
 type stats struct {
 	messages, turns, completed, resumed, epochs, takeovers, fences, deadLettered int
+	// retried counts accepted messages the transcript holds under another
+	// inbox seq than their 202 named (a publish stored although the
+	// ingress answered 503, its retry stored again and run as duplicate).
+	retried int
 	// unattributed counts entries after a fence whose turn has no event
 	// under an epoch that high (see checkFences).
 	unattributed int
@@ -175,19 +179,38 @@ func checkInvariants(t *testing.T, s *stack, lanes []*lane) stats {
 	if len(dl) > 0 {
 		t.Errorf("%d dead letters: the run's faults should never interrupt one turn three times", len(dl))
 	}
+	// The inbox ranges each lane dead-lettered: a message in one is not in
+	// the transcript by design (recorded, the user told), so it is reported
+	// as DEADLETTERED rather than LOST (the dead letter fails the run
+	// above).
+	deadRanges := map[string][][2]uint64{}
+	for _, m := range dl {
+		var ev struct {
+			TurnID   string `json:"turn_id"`
+			FirstSeq uint64 `json:"first_seq"`
+			LastSeq  uint64 `json:"last_seq"`
+			Reason   string `json:"reason"`
+		}
+		if json.Unmarshal(m.Data, &ev) != nil {
+			continue
+		}
+		lane := strings.TrimPrefix(m.Subject, s.names.EventSubject("deadletter", ""))
+		deadRanges[lane] = append(deadRanges[lane], [2]uint64{ev.FirstSeq, ev.LastSeq})
+		t.Logf("dead letter on %s: turn %s, inbox seqs %d..%d, reason %q, at %s", lane, ev.TurnID, ev.FirstSeq, ev.LastSeq, ev.Reason, m.Time.Format(time.StampMilli))
+	}
 
 	for _, l := range lanes {
 		if len(l.msgs) == 0 {
 			continue
 		}
 		st.messages += len(l.msgs)
-		checkLane(t, s, l, st.byLane[session.LaneToken(l.key)], &st)
+		checkLane(t, s, l, st.byLane[session.LaneToken(l.key)], deadRanges[session.LaneToken(l.key)], &st)
 	}
 	checkOwnership(t, &st)
 	return st
 }
 
-func checkLane(t *testing.T, s *stack, l *lane, evs []worker.TurnEvent, st *stats) {
+func checkLane(t *testing.T, s *stack, l *lane, evs []worker.TurnEvent, dead [][2]uint64, st *stats) {
 	t.Helper()
 	e, err := s.entry(l.key)
 	if err != nil {
@@ -237,34 +260,77 @@ func checkLane(t *testing.T, s *stack, l *lane, evs []worker.TurnEvent, st *stat
 			users = append(users, x)
 		}
 	}
-	count := map[uint64]int{}
-	for _, u := range users {
-		count[u.InboxSeq]++
+	// Matched by platform message id (see matchMessages), from the lane's
+	// inbox messages.
+	idOfSeq := map[uint64]string{}
+	lt := session.LaneToken(l.key)
+	inbox, err := s.readStream(s.res.Inbox, s.names.InboxSubject(session.Partition(s.names.Prefix(), lt), lt))
+	if err != nil {
+		t.Errorf("%s: read the lane's inbox: %v", l.chat, err)
 	}
-	want := map[uint64]string{}
-	for _, m := range l.msgs {
-		want[m.seq] = m.text
-		switch n := count[m.seq]; {
-		case n == 0:
-			st.fail(t, "LOST", "%s: LOST: accepted message %d (seq %d) is not in the transcript; %s", l.chat, m.idx, m.seq, s.describeInbox(m.seq))
-		case n > 1:
-			st.fail(t, "DUPLICATED", "%s: DUPLICATED: message %d (seq %d) is in the transcript %d times", l.chat, m.idx, m.seq, n)
+	for _, m := range inbox {
+		var in session.Inbound
+		if json.Unmarshal(m.Data, &in) == nil && in.PlatformMsgID != "" {
+			idOfSeq[m.Sequence] = in.PlatformMsgID
 		}
 	}
-	var order []uint64
+	sentMsgs := make([]sent, len(l.msgs))
+	for i, m := range l.msgs {
+		sentMsgs[i] = sent{idx: m.idx, id: m.id, seq: m.seq, text: m.text}
+	}
+	match := matchMessages(sentMsgs, users, func(seq uint64) (string, bool) { id, ok := idOfSeq[seq]; return id, ok })
+	for i, m := range l.msgs {
+		deadLettered := func(seq uint64) bool {
+			for _, r := range dead {
+				if seq >= r[0] && seq <= r[1] {
+					return true
+				}
+			}
+			return false
+		}
+		switch n := match.count[i]; {
+		case n == 0 && deadLettered(m.seq):
+			st.violations["DEADLETTERED"]++
+			t.Errorf("%s: DEADLETTERED: accepted message %d (id %s, seq %d) is in a dead-lettered turn's range, not in the transcript", l.chat, m.idx, m.id, m.seq)
+		case n == 0:
+			var copies []uint64 // every inbox copy of the message, for the report
+			for seq, id := range idOfSeq {
+				if id == m.id {
+					copies = append(copies, seq)
+				}
+			}
+			slices.Sort(copies)
+			st.fail(t, "LOST", "%s: LOST: accepted message %d (id %s, seq %d; inbox copies at %v) is not in the transcript; %s",
+				l.chat, m.idx, m.id, m.seq, copies, s.describeInbox(m.seq))
+		case n > 1:
+			st.fail(t, "DUPLICATED", "%s: DUPLICATED: message %d (id %s, seq %d) is in the transcript %d times", l.chat, m.idx, m.id, m.seq, n)
+		}
+		if match.at[i] != 0 && match.at[i] != m.seq {
+			st.retried++
+			m.seq = match.at[i] // where the transcript has it, for the echo check below
+		}
+	}
+	for _, u := range match.stray {
+		t.Errorf("%s: user entry for seq %d %q was never accepted for this lane", l.chat, u.InboxSeq, u.Content)
+	}
+	var order []int
 	for _, u := range users {
-		text, ok := want[u.InboxSeq]
-		if !ok {
-			t.Errorf("%s: user entry for seq %d %q was never accepted for this lane", l.chat, u.InboxSeq, u.Content)
+		i := -1
+		if id, ok := idOfSeq[u.InboxSeq]; ok {
+			i = slices.IndexFunc(sentMsgs, func(x sent) bool { return x.id == id })
+		} else {
+			i = slices.IndexFunc(sentMsgs, func(x sent) bool { return x.seq == u.InboxSeq })
+		}
+		if i < 0 {
 			continue
 		}
-		if u.Content != text {
-			t.Errorf("%s: seq %d holds %q, the message was %q", l.chat, u.InboxSeq, u.Content, text)
+		if u.Content != l.msgs[i].text {
+			t.Errorf("%s: seq %d holds %q, the message was %q", l.chat, u.InboxSeq, u.Content, l.msgs[i].text)
 		}
-		order = append(order, u.InboxSeq)
+		order = append(order, i)
 	}
 	if !slices.IsSorted(order) {
-		st.fail(t, "ORDER", "%s: ORDER: user entries out of inbox order: %v", l.chat, order)
+		st.fail(t, "ORDER", "%s: ORDER: user entries out of posting order (message indexes): %v", l.chat, order)
 	}
 	ends := map[string][]transcript.Entry{}
 	replyOf := map[string][]transcript.Entry{}
@@ -505,9 +571,10 @@ func report(t *testing.T, s *stack, lanes []*lane, faults []*fault, st stats) {
 		st.messages, len(lanes), retries, st.turns, st.statuses, st.completed)
 	fmt.Fprintf(&b, "faults: %d kills, %d partitions, %d graceful restarts; lease epochs with turns: %d, of which a lane changed workers: %d; resumed attempts: %d; fences: %d; dead letters: %d\n",
 		kills, partitions, restarts, st.epochs, st.takeovers, st.resumed, st.fences, st.deadLettered)
+	fmt.Fprintf(&b, "accepted messages the transcript holds under an earlier inbox seq than their 202 named (first publish stored despite a 503; the retry ran as duplicate): %d\n", st.retried)
 	fmt.Fprintf(&b, "entries after a fence whose turn shows no turn event of that epoch or later (events are best effort; not a failure): %d\n", st.unattributed)
-	fmt.Fprintf(&b, "invariants: lost %d, duplicated %d, order violations %d, overlapping owners %d\n",
-		st.violations["LOST"], st.violations["DUPLICATED"], st.violations["ORDER"], st.violations["OWNERS"])
+	fmt.Fprintf(&b, "invariants: lost %d (and %d in dead-lettered turns), duplicated %d, order violations %d, overlapping owners %d\n",
+		st.violations["LOST"], st.violations["DEADLETTERED"], st.violations["DUPLICATED"], st.violations["ORDER"], st.violations["OWNERS"])
 
 	// The baseline: messages sent before the first fault.
 	var calm []time.Duration

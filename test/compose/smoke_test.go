@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,4 +125,30 @@ func smoke(t *testing.T, s *stack) {
 		return nil
 	})
 	t.Logf("fleetctl worker ls (from the host): %v running", listed)
+
+	// The indexer wrote the smoke messages into the state database:
+	// fleetctl search finds them through the fleet.api service.
+	waitFor(t, time.Minute, "fleetctl search to find the smoke message", func() error {
+		cmd := exec.Command(bin, "search", "--json", "--role", "user", "ingress1")
+		cmd.Env = append(s.env, "NATS_URL="+s.natsURLs, "AGENTFLEET_NATS_USER=admin", "AGENTFLEET_NATS_PASSWORD="+adminPassword)
+		out, err := cmd.Output()
+		if err != nil {
+			return fmt.Errorf("fleetctl search: %v %s", err, out)
+		}
+		var doc struct {
+			Results []struct {
+				Role    string `json:"role"`
+				Snippet string `json:"snippet"`
+			} `json:"results"`
+		}
+		if err := json.Unmarshal(out, &doc); err != nil {
+			return fmt.Errorf("fleetctl search --json: %v: %s", err, out)
+		}
+		for _, r := range doc.Results {
+			if r.Role == "user" && strings.Contains(r.Snippet, "hello through") {
+				return nil
+			}
+		}
+		return fmt.Errorf("not found yet: %s", out)
+	})
 }

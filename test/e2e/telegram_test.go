@@ -88,6 +88,9 @@ func TestTelegramWebhookToReply(t *testing.T) {
 		"AGENTFLEET_PLATFORMS_TELEGRAM_WEBHOOK_SECRET="+secret,
 		"AGENTFLEET_PLATFORMS_TELEGRAM_API_BASE="+api.URL,
 		"AGENTFLEET_DELIVERY_MAX_ATTEMPTS=3",
+		// The scripted failures below are for the delivery's sends: no
+		// live message posts at the first delta (TestTelegramLiveMessage).
+		"AGENTFLEET_PLATFORMS_TELEGRAM_LIVE_EDITS=false",
 	)
 	ing := newProc(t, c.dir, "ingress", env, "ingress", "--http", addr)
 	ing.start()

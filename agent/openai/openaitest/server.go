@@ -82,6 +82,25 @@ func (m Message) Text() string {
 	return ""
 }
 
+// ImageURLs are the URLs of the message's image parts (data URLs
+// included), in order.
+func (m Message) ImageURLs() []string {
+	parts, _ := m.Content.([]any)
+	var out []string
+	for _, p := range parts {
+		part, _ := p.(map[string]any)
+		if part["type"] != "image_url" {
+			continue
+		}
+		if img, ok := part["image_url"].(map[string]any); ok {
+			if u, ok := img["url"].(string); ok {
+				out = append(out, u)
+			}
+		}
+	}
+	return out
+}
+
 // New starts a server; it stops when the test ends.
 func New(tb interface {
 	Cleanup(func())

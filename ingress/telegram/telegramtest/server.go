@@ -1,9 +1,10 @@
 // Package telegramtest is a local stand-in for the Telegram Bot API, for
 // tests: it serves getMe, getUpdates (with Telegram's confirmation by
 // offset, long polling and 409 Conflict for a second concurrent poller),
-// deleteWebhook and sendMessage (recording what was sent, and answering
-// with scripted failures: 429 with retry_after, 5xx, 400), in the Bot API's
-// JSON envelope.
+// deleteWebhook, sendMessage and editMessageText (recording what was sent
+// and edited, and answering with scripted failures: 429 with retry_after,
+// 5xx, 400), in the Bot API's JSON envelope; and getFile with the file
+// download at /file/bot<token>/<file_path> for the files given to AddFile.
 package telegramtest
 
 import (
@@ -25,10 +26,13 @@ const BotUsername = "fleetbot"
 
 // Sent is one sendMessage call the server accepted.
 type Sent struct {
-	ChatID   string
-	ThreadID int64
-	Text     string
-	At       time.Time
+	// MessageID is the id the server gave the message (0 for a failed
+	// attempt); Text is the text it was sent with, whatever edits followed.
+	MessageID int64
+	ChatID    string
+	ThreadID  int64
+	Text      string
+	At        time.Time
 }
 
 // Failure is a scripted answer to the next sendMessage call.
@@ -42,6 +46,14 @@ type Failure struct {
 	// Hang makes the server keep the request open (until the client gives
 	// up) and then post the message anyway: an ambiguous outcome.
 	Hang time.Duration
+}
+
+// Edit is one editMessageText call the server accepted.
+type Edit struct {
+	ChatID    string
+	MessageID int64
+	Text      string
+	At        time.Time
 }
 
 // Server is the fake Bot API.
@@ -58,13 +70,40 @@ type Server struct {
 	sent     []Sent
 	attempts []Sent // every sendMessage call, failed ones too
 	failures []Failure
+	edits    []Edit
+	editFail []Failure
+	texts    map[int64]string // message id -> current text
 	changed  chan struct{}
 	webhook  bool
+	files    map[string]file // by file id
+	getFiles int
+}
+
+type file struct {
+	path, contentType string
+	data              []byte
+}
+
+// AddFile makes a file downloadable by its file id.
+func (s *Server) AddFile(fileID, contentType string, data []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.files == nil {
+		s.files = map[string]file{}
+	}
+	s.files[fileID] = file{path: fmt.Sprintf("photos/file_%d.bin", len(s.files)), contentType: contentType, data: data}
+}
+
+// GetFiles returns how many getFile calls were answered.
+func (s *Server) GetFiles() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.getFiles
 }
 
 // New starts a server; it is closed when the test ends.
 func New(t interface{ Cleanup(func()) }) *Server {
-	s := &Server{nextID: 100, changed: make(chan struct{})}
+	s := &Server{nextID: 100, changed: make(chan struct{}), texts: map[int64]string{}}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(s.Close)
 	return s
@@ -111,6 +150,28 @@ func (s *Server) FailNext(f ...Failure) {
 	s.failures = append(s.failures, f...)
 }
 
+// FailEditNext scripts the answers to the next editMessageText calls, in
+// order (Hang is not supported for edits).
+func (s *Server) FailEditNext(f ...Failure) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.editFail = append(s.editFail, f...)
+}
+
+// Edits returns the accepted editMessageText calls, in order.
+func (s *Server) Edits() []Edit {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Edit(nil), s.edits...)
+}
+
+// Text returns the current text of message id (after its edits).
+func (s *Server) Text(id int64) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.texts[id]
+}
+
 // Sent returns the messages posted so far.
 func (s *Server) Sent() []Sent {
 	s.mu.Lock()
@@ -138,6 +199,10 @@ func (s *Server) notify() {
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	if path, ok := strings.CutPrefix(r.URL.Path, "/file/bot"+Token+"/"); ok {
+		s.download(w, path)
+		return
+	}
 	rest, ok := strings.CutPrefix(r.URL.Path, "/bot"+Token+"/")
 	if !ok {
 		reply(w, http.StatusUnauthorized, map[string]any{"ok": false, "error_code": 401, "description": "Unauthorized"})
@@ -163,6 +228,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		s.getUpdates(w, r, params)
 	case "sendMessage":
 		s.sendMessage(w, r, params)
+	case "editMessageText":
+		s.editMessageText(w, params)
+	case "getFile":
+		s.getFile(w, params)
 	default:
 		reply(w, http.StatusNotFound, map[string]any{"ok": false, "error_code": 404, "description": "Not Found: method not found"})
 	}
@@ -250,8 +319,10 @@ func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request, params map[
 		reply(w, f.Status, body)
 		return
 	}
+	id := len(s.sent) + 1
+	msg.MessageID = int64(id)
 	s.sent = append(s.sent, msg)
-	id := len(s.sent)
+	s.texts[int64(id)] = msg.Text
 	s.notify()
 	s.mu.Unlock()
 	if f != nil {
@@ -265,6 +336,75 @@ func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request, params map[
 	}
 	reply(w, http.StatusOK, map[string]any{"ok": true, "result": map[string]any{"message_id": id, "date": time.Now().Unix(),
 		"chat": map[string]any{"id": params["chat_id"], "type": "private"}, "text": msg.Text}})
+}
+
+func (s *Server) editMessageText(w http.ResponseWriter, params map[string]any) {
+	e := Edit{ChatID: fmt.Sprint(params["chat_id"]), MessageID: int64(num(params["message_id"])), At: time.Now()}
+	e.Text, _ = params["text"].(string)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.editFail) > 0 {
+		f := s.editFail[0]
+		s.editFail = s.editFail[1:]
+		body := map[string]any{"ok": false, "error_code": f.Status, "description": f.Description}
+		if f.RetryAfter > 0 {
+			body["parameters"] = map[string]any{"retry_after": f.RetryAfter}
+			body["description"] = fmt.Sprintf("Too Many Requests: retry after %d", f.RetryAfter)
+		}
+		reply(w, f.Status, body)
+		return
+	}
+	old, ok := s.texts[e.MessageID]
+	switch {
+	case !ok || int(e.MessageID) > len(s.sent) || s.sent[e.MessageID-1].ChatID != e.ChatID:
+		reply(w, http.StatusBadRequest, map[string]any{"ok": false, "error_code": 400, "description": "Bad Request: message to edit not found"})
+		return
+	case e.Text == "":
+		reply(w, http.StatusBadRequest, map[string]any{"ok": false, "error_code": 400, "description": "Bad Request: message text is empty"})
+		return
+	case e.Text == old:
+		reply(w, http.StatusBadRequest, map[string]any{"ok": false, "error_code": 400,
+			"description": "Bad Request: message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message"})
+		return
+	}
+	s.texts[e.MessageID] = e.Text
+	s.edits = append(s.edits, e)
+	s.notify()
+	reply(w, http.StatusOK, map[string]any{"ok": true, "result": map[string]any{"message_id": e.MessageID, "date": time.Now().Unix(),
+		"edit_date": time.Now().Unix(), "chat": map[string]any{"id": params["chat_id"], "type": "private"}, "text": e.Text}})
+}
+
+func (s *Server) getFile(w http.ResponseWriter, params map[string]any) {
+	id, _ := params["file_id"].(string)
+	s.mu.Lock()
+	f, ok := s.files[id]
+	s.getFiles++
+	s.mu.Unlock()
+	if !ok {
+		reply(w, http.StatusBadRequest, map[string]any{"ok": false, "error_code": 400, "description": "Bad Request: invalid file_id"})
+		return
+	}
+	reply(w, http.StatusOK, map[string]any{"ok": true, "result": map[string]any{"file_id": id, "file_unique_id": "u" + id,
+		"file_size": len(f.data), "file_path": f.path}})
+}
+
+func (s *Server) download(w http.ResponseWriter, path string) {
+	s.mu.Lock()
+	var found *file
+	for _, f := range s.files {
+		if f.path == path {
+			found = &f
+			break
+		}
+	}
+	s.mu.Unlock()
+	if found == nil {
+		http.NotFound(w, nil)
+		return
+	}
+	w.Header().Set("Content-Type", found.contentType)
+	w.Header().Set("Content-Length", fmt.Sprint(len(found.data)))
+	_, _ = w.Write(found.data)
 }
 
 func num(v any) float64 {

@@ -1,0 +1,549 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
+	"github.com/agentfleet/agentfleet/transcript"
+)
+
+// owner is the ownership layer of one lane on this worker: the lease and
+// its renew loop, the fence of the lane's transcripts, the deliveries held
+// for the lane, the hints that announce new inbox messages, and the entry
+// with the revision of our own last write. Everything the lane makes
+// durable goes through its small API:
+//
+//	mutate  the entry, by compare-and-set, fenced by owner and epoch
+//	append  to a transcript, fenced on its tail (a conflict loses the lane)
+//	publish a message (a reply or a notice) while the lease is good
+//	peek    the lane's first inbox message at or after a seq
+//	commit  committed_seq past a seq, acking the deliveries it covers
+//
+// and begin / release / giveUp start and end an ownership. Each of
+// mutate, append and publish checks the self-fence first (alive): no write
+// once the lease could have expired.
+//
+// Goroutines:
+//   - the dispatcher (Worker.dispatch) calls offer; held, closed and signal
+//     are guarded by mu;
+//   - the hint subscription's callback writes known, blind, hintKnown (atomics)
+//     and hinted (guarded by hintMu), and signals hints;
+//   - the renew loop reads lease, writes renewedAt and lost (atomics), reads
+//     turnStart, and calls cancel;
+//   - the runner goroutine does everything else, and is the only one that
+//     reads or replaces entry and rev (through mutate);
+//   - the agent goroutine of a running turn calls append and publish (opMu
+//     makes the durable writes strictly sequential) and must not read entry.
+type owner struct {
+	w       *Worker
+	lane    string
+	subject string
+	log     *slog.Logger
+	// logScope adds the running turn's ids to log's lines, the renew
+	// loop's included; tt is the running turn's trace (tracing.go), read by
+	// the agent goroutine's appends and publishes.
+	logScope telemetry.LogScope
+	tt       atomic.Pointer[turnTrace]
+
+	// Held deliveries: guarded by mu.
+	mu     sync.Mutex
+	held   map[uint64]jetstream.Msg
+	closed bool
+	signal chan struct{}
+
+	// known is the highest inbox seq of the lane heard of without reading
+	// the stream: from post-store hints (their Nats-Sequence) and from
+	// deliveries. blind forces the next reads to look anyway: set when the
+	// lane is acquired and on the peek timer, because hints are core NATS
+	// (at most once) and a delivery may go to another worker. With both,
+	// an owned lane reads its inbox only when something is there.
+	known atomic.Uint64
+	blind atomic.Bool
+	// hintKnown is the highest seq a hint announced (known also counts
+	// deliveries, which can beat their hint by a moment).
+	hintKnown atomic.Uint64
+	// hinted holds the messages the hints carried, in seq order, until
+	// they are committed (see peek).
+	hintMu sync.Mutex
+	hinted []hintedMsg
+	hints  chan struct{}
+
+	// The lease of the current ownership. lease is set by begin before the
+	// renew loop starts; renewDone is closed when that loop ended.
+	lease     *kv.Lease
+	renewedAt atomic.Int64 // nanoseconds since monoBase of the last confirmed renewal
+	lost      atomic.Bool
+	renewDone chan struct{}
+	// ctx is the ownership's context; cancel ends it with a cause
+	// (kv.ErrLeaseLost, errHardStop, ...).
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	// turnStart is the monoBase nanos when the running agent call started,
+	// 0 when none (the renew loop stops renewing for an agent that hangs).
+	turnStart atomic.Int64
+
+	// opMu makes the lane's durable writes strictly sequential (the agent
+	// goroutine appends while the runner may record steer input).
+	opMu sync.Mutex
+	// entry and rev are the lane's entry and the revision of our own last
+	// write of it (runner only).
+	entry *session.SessionEntry
+	rev   uint64
+	// pauseTag names the pausePoint of the next mutate (tests only).
+	pauseTag string
+	// lastWriteErr is the last failed durable write (see settle).
+	lastWriteErr error
+
+	// tx and agents are the sessions this ownership loaded (transcript
+	// tail and warm agent), returned to the worker's cache when it ends
+	// (parkTx).
+	tx     map[string]*txState
+	agents map[string]agent.Agent
+}
+
+func newOwner(w *Worker, laneTok string) *owner {
+	p := session.Partition(w.names.Prefix(), laneTok)
+	o := &owner{
+		w:       w,
+		lane:    laneTok,
+		subject: w.names.InboxSubject(p, laneTok),
+		held:    map[uint64]jetstream.Msg{},
+		signal:  make(chan struct{}, 1),
+		hints:   make(chan struct{}, 1),
+		tx:      map[string]*txState{},
+		agents:  map[string]agent.Agent{},
+	}
+	// The lines of a turn carry its session, turn and trace ids.
+	o.log = o.logScope.Logger(w.log.With(telemetry.LaneKey, laneTok))
+	return o
+}
+
+// begin starts an ownership with a freshly acquired lease: it starts the
+// renew loop, writes owner and epoch into the entry, fences the lane's
+// transcripts (from then on no append by a previous owner can land) and
+// subscribes to the lane's hints. end, always to be called (after a
+// release or a give-up), waits for the renew loop and unsubscribes. On an
+// error the caller gives up the lane.
+func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
+	w := o.w
+	o.lease = lease
+	o.lost.Store(false)
+	o.renewedAt.Store(int64(lease.Renewed.Sub(monoBase)))
+	o.ctx, o.cancel = context.WithCancelCause(w.hardCtx)
+	w.stats.Takeovers.Add(1)
+	w.cfg.Metrics.LeaseAcquired(context.Background())
+
+	renewDone := make(chan struct{})
+	o.renewDone = renewDone
+	go o.renewLoop(renewDone)
+	var sub *nats.Subscription
+	end = func() {
+		if sub != nil {
+			sub.Unsubscribe() //nolint:errcheck
+		}
+		<-renewDone
+		o.cancel(errHardStop)
+	}
+
+	fallbackKey := o.firstHeldKey()
+	if err := o.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+		if e == nil {
+			if fallbackKey == "" {
+				return nil, errors.New("no session key for a new lane")
+			}
+			e = &session.SessionEntry{SessionKey: fallbackKey, CostStatus: "unknown"}
+		}
+		if e.LeaseEpoch > lease.Epoch {
+			return nil, fmt.Errorf("entry epoch %d is ahead of our lease %d: %w", e.LeaseEpoch, lease.Epoch, kv.ErrLeaseLost)
+		}
+		e.Owner = w.owner
+		e.LeaseEpoch = lease.Epoch
+		if e.InboxID != w.res.InboxID {
+			e.InboxID = w.res.InboxID
+			e.CommittedSeq = 0
+		}
+		return e, nil
+	}, false); err != nil {
+		return end, fmt.Errorf("take over entry: %w", err)
+	}
+	o.log.Debug("lane acquired", "epoch", lease.Epoch)
+
+	// The fence: from here on, no append by a previous owner can land.
+	if err := o.fenceAll(); err != nil {
+		return end, fmt.Errorf("fence: %w", err)
+	}
+
+	o.blind.Store(true)
+	o.dropHinted(math.MaxUint64)
+	sub, err = w.nc.Subscribe(w.names.HintSubject(session.Partition(w.names.Prefix(), o.lane), o.lane), func(m *nats.Msg) {
+		if seq, ok := o.keepHint(m); ok {
+			o.heard(seq)
+			raise(&o.hintKnown, seq)
+		} else {
+			o.blind.Store(true) // a hint without its seq: read to find out
+		}
+		select {
+		case o.hints <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		sub = nil
+		return end, fmt.Errorf("subscribe hints: %w", err)
+	}
+	return end, nil
+}
+
+// mutate applies fn to the entry as its owner (fenced by owner and epoch),
+// writing against the revision of our own last write. fenced=false is only
+// for the take-over write itself.
+func (o *owner) mutate(fn kv.MutateFunc, fenced bool) error {
+	o.opMu.Lock()
+	defer o.opMu.Unlock()
+	if err := o.checkAlive(); err != nil {
+		return err
+	}
+	if o.pauseTag != "" {
+		pausePoint(o.pauseTag)
+	}
+	var fence *kv.Fence
+	if fenced {
+		fence = &kv.Fence{Owner: o.w.owner, Epoch: o.lease.Epoch}
+	}
+	e, rev, err := o.w.store.Mutate(context.WithoutCancel(o.ctx), o.lane, o.entry, o.rev, fence, fn)
+	if err != nil {
+		o.noteWriteErr(err)
+		if errors.Is(err, kv.ErrLeaseLost) {
+			o.lost.Store(true)
+			o.cancel(kv.ErrLeaseLost)
+		}
+		return err
+	}
+	o.entry, o.rev = e, rev
+	return nil
+}
+
+// append appends e to a transcript as the owner, fenced on its tail: a
+// conflict means another owner fenced the transcript, so the lane is lost.
+func (o *owner) append(st *txState, e *transcript.Entry) error {
+	end := nopEnd
+	if o.w.tracer != nil {
+		_, end = o.childSpan(context.Background(), "transcript append", attribute.String("agentfleet.entry.role", e.Role),
+			attribute.String("agentfleet.entry.kind", e.Kind))
+	}
+	err := o.appendTo(st, e)
+	end(err)
+	if errors.Is(err, transcript.ErrConflict) {
+		o.lost.Store(true)
+		o.cancel(kv.ErrLeaseLost)
+		return fmt.Errorf("%w: %v", kv.ErrLeaseLost, err)
+	}
+	return err
+}
+
+// appendTo appends e to a transcript with fencing on its tail.
+func (o *owner) appendTo(st *txState, e *transcript.Entry) error {
+	o.opMu.Lock()
+	defer o.opMu.Unlock()
+	if err := o.checkAlive(); err != nil {
+		return err
+	}
+	pausePoint("append:" + e.Role)
+	var seq uint64
+	var err error
+	for attempt := 0; ; attempt++ {
+		seq, err = o.w.tx.Append(context.WithoutCancel(o.ctx), st.sessionID, st.last, e)
+		// An unknown outcome is resolved by sending the same entry against
+		// the same tail again (the transcript log compares entry ids).
+		if err == nil || !errors.Is(err, transcript.ErrOutcomeUnknown) || attempt >= 5 || !o.alive() {
+			break
+		}
+	}
+	if err != nil {
+		o.noteWriteErr(err)
+		return err
+	}
+	e.Seq = seq
+	st.add(*e)
+	return nil
+}
+
+// publish publishes msg (a reply or a notice) with Msg-Id id as the lane's
+// owner: not once the lease could have expired. A publish that passed the
+// check late is refused by the stream as a duplicate of the new owner's.
+func (o *owner) publish(msg *nats.Msg, id string) error {
+	if err := o.checkAlive(); err != nil {
+		return err
+	}
+	pausePoint("reply")
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(o.ctx), 5*time.Second)
+	defer cancel()
+	_, err := o.w.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id))
+	return err
+}
+
+// commit moves committed_seq past seq with no turn, then acks the held
+// deliveries it covers.
+func (o *owner) commit(seq uint64) error {
+	err := o.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+		if e.CommittedSeq >= seq {
+			return nil, kv.ErrNoChange
+		}
+		e.CommittedSeq = seq
+		return e, nil
+	}, true)
+	if err != nil && !errors.Is(err, kv.ErrNoChange) {
+		return fmt.Errorf("commit %d: %w", seq, err)
+	}
+	o.ackUpTo(o.entry.CommittedSeq)
+	return nil
+}
+
+func (o *owner) alive() bool {
+	if o.lost.Load() {
+		return false
+	}
+	deadline := int64(o.w.cfg.LeaseTTL - o.w.cfg.LeaseMargin)
+	return mono()-o.renewedAt.Load() < deadline
+}
+
+// checkAlive is the self-fence: no write once the lease could have expired.
+func (o *owner) checkAlive() error {
+	if !o.alive() {
+		o.cancel(kv.ErrLeaseLost)
+		return kv.ErrLeaseLost
+	}
+	return nil
+}
+
+// renewLoop renews the lease every TTL/3. InProgress goes out only in the
+// same tick as a successful renewal. An agent call running past the gateway
+// timeout plus a grace stops the renewals, so the lease expires and
+// recovery counts the turn.
+func (o *owner) renewLoop(done chan struct{}) {
+	defer close(done)
+	w := o.w
+	t := time.NewTicker(w.cfg.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-o.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if ts := o.turnStart.Load(); ts != 0 && time.Duration(mono()-ts) > w.cfg.GatewayTimeout+w.cfg.LeaseTTL {
+			o.log.Error("agent exceeded the gateway timeout and ignores cancellation; letting the lease expire")
+			o.lost.Store(true)
+			o.cancel(kv.ErrLeaseLost)
+			return
+		}
+		err := w.leases.Renew(o.ctx, o.lease)
+		if err == nil {
+			o.renewedAt.Store(int64(o.lease.Renewed.Sub(monoBase)))
+			o.inProgressHeld()
+			continue
+		}
+		if errors.Is(err, kv.ErrLeaseLost) {
+			w.cfg.Metrics.LeaseLost(context.Background(), "taken")
+			o.log.Warn("lease lost")
+			o.lost.Store(true)
+			o.cancel(kv.ErrLeaseLost)
+			return
+		}
+		if o.ctx.Err() != nil {
+			return
+		}
+		o.log.Warn("renew lease", "error", err)
+		if !o.alive() {
+			w.cfg.Metrics.LeaseLost(context.Background(), "expired")
+			o.lost.Store(true)
+			o.cancel(kv.ErrLeaseLost)
+			return
+		}
+	}
+}
+
+// fenceAll appends a fence entry to every transcript the lane may be writing.
+func (o *owner) fenceAll() error {
+	sids := map[string]bool{}
+	if o.entry.SessionID != "" {
+		sids[o.entry.SessionID] = true
+	}
+	if t := o.entry.Turn; t != nil {
+		if t.SessionID != "" {
+			sids[t.SessionID] = true
+		}
+		if t.PreviousSessionID != "" {
+			sids[t.PreviousSessionID] = true
+		}
+	}
+	for sid := range sids {
+		if err := o.fence(sid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (o *owner) fence(sid string) error {
+	for attempt := 0; attempt < 5; attempt++ {
+		st, err := o.txFor(sid)
+		if err != nil {
+			return err
+		}
+		e := transcript.Entry{Kind: transcript.KindFence, Epoch: o.lease.Epoch, Owner: o.w.owner, Timestamp: o.w.cfg.Now()}
+		err = o.appendTo(st, &e)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, transcript.ErrConflict) {
+			return err
+		}
+		// The error showed a newer tail (a zombie's late append): reload.
+		delete(o.tx, sid)
+		entries, last, lerr := o.w.tx.Load(context.WithoutCancel(o.ctx), sid)
+		if lerr != nil {
+			return lerr
+		}
+		o.tx[sid] = newTxState(sid, entries, last)
+	}
+	return fmt.Errorf("fence %s: the transcript kept moving", sid)
+}
+
+// txFor returns the loaded transcript of a session, from the lane, the
+// worker's cache (revalidated against the subject's last sequence) or the
+// stream.
+func (o *owner) txFor(sid string) (*txState, error) {
+	if st := o.tx[sid]; st != nil {
+		return st, nil
+	}
+	ctx := context.WithoutCancel(o.ctx)
+	key := ""
+	if o.entry != nil {
+		key = o.entry.SessionKey
+	}
+	if ce := o.w.cache.take(key, sid); ce != nil {
+		last, _, err := o.w.tx.LastSeq(ctx, sid)
+		if err == nil && last == ce.tx.last {
+			o.tx[sid] = ce.tx
+			if ce.agent != nil {
+				o.agents[sid] = ce.agent
+			}
+			return ce.tx, nil
+		}
+		closeAgent(ce.agent)
+	}
+	entries, last, err := o.w.tx.Load(ctx, sid)
+	if err != nil {
+		return nil, err
+	}
+	st := newTxState(sid, entries, last)
+	o.tx[sid] = st
+	return st, nil
+}
+
+// parkTx returns loaded transcripts and agents to the worker's cache.
+func (o *owner) parkTx() {
+	if o.entry == nil {
+		return
+	}
+	for sid, st := range o.tx {
+		if sid != o.entry.SessionID {
+			continue
+		}
+		o.w.cache.put(&cacheEntry{key: cacheKey(o.entry.SessionKey, sid), agent: o.agents[sid], tx: st})
+	}
+	o.tx = map[string]*txState{}
+	o.agents = map[string]agent.Agent{}
+}
+
+// giveUp ends ownership without writing anything (the lease was lost, or a
+// hard stop): held deliveries go back without ack.
+func (o *owner) giveUp() {
+	o.cancel(errHardStop)
+	o.nakHeld(0)
+	o.parkTx()
+}
+
+// release ends ownership cleanly: owner cleared in the entry (the turn
+// record, if any, is kept for the next owner), lease deleted, held
+// deliveries above the committed seq handed back at once.
+func (o *owner) release() {
+	w := o.w
+	if err := o.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
+		e.Owner = ""
+		return e, nil
+	}, true); err != nil && !errors.Is(err, kv.ErrLeaseLost) {
+		o.log.Warn("release entry", "error", err)
+	}
+	o.cancel(errHardStop)
+	// The renew loop may be inside a Renew that writes the lease's
+	// revision: let it end before the release reads it.
+	<-o.renewDone
+	if err := w.leases.Release(context.WithoutCancel(w.hardCtx), o.lease); err != nil {
+		o.log.Warn("release lease", "error", err)
+	}
+	handOver := o.entry != nil && o.entry.Turn != nil
+	if !handOver && o.entry != nil && w.draining() {
+		// Released by a drain with messages still waiting: their deliveries
+		// may sit NAK-delayed on other workers.
+		if next, err := o.peek(w.hardCtx, o.entry.CommittedSeq+1); err == nil && next != nil {
+			handOver = true
+		}
+	}
+	if handOver {
+		// A turn record or waiting messages handed over (drain, failed
+		// write): the deliveries may sit delayed on other workers, so wake
+		// the lane now rather than after their delay.
+		wake := fmt.Sprintf("wake:%s:%d:handover", o.lane, o.lease.Epoch)
+		if err := w.publishInternal(context.WithoutCancel(w.hardCtx), o.lane, o.entry.SessionKey, session.CmdWake, "", wake); err != nil {
+			o.log.Warn("handover wake", "error", err)
+		}
+	}
+	committed := uint64(0)
+	if o.entry != nil {
+		committed = o.entry.CommittedSeq
+	}
+	o.ackUpTo(committed)
+	o.nakHeld(0)
+	o.parkTx()
+	o.log.Debug("lane released")
+}
+
+// releaseAndRecheck releases, then peeks once more: a message that arrived
+// after the last peek but before the release would otherwise wait for a
+// redelivery. It reports whether the lane must be taken again.
+func (o *owner) releaseAndRecheck() bool {
+	o.release()
+	if o.entry == nil {
+		return false
+	}
+	next, err := o.peek(o.w.hardCtx, o.entry.CommittedSeq+1)
+	return err == nil && next != nil && !o.w.draining()
+}
+
+// noteWriteErr remembers the last failed durable write of the lane, for
+// settle.
+func (o *owner) noteWriteErr(err error) {
+	if err != nil && !errors.Is(err, kv.ErrNoChange) {
+		o.lastWriteErr = err
+	}
+}
+
+var monoBase = time.Now()
+
+func mono() int64 { return int64(time.Since(monoBase)) }

@@ -1,0 +1,291 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
+)
+
+// The owner's view of the lane's inbox: the deliveries held for it, the
+// hints that announce its messages, and peek, which reads them.
+
+// inboxMsg is one lane message read from the inbox stream.
+type inboxMsg struct {
+	seq  uint64
+	kind string
+	body session.Inbound
+	// trace is the span context of the message's publish, if traced.
+	trace trace.SpanContext
+}
+
+// peek returns the lane's first inbox message at or after seq, or nil.
+//
+// A message a hint carried answers without a read when it is exactly that
+// message: the hint's Nats-Last-Sequence is the lane subject's previous seq
+// at the time it was stored, so a hinted message m is the first at or after
+// seq iff m.last < seq <= m.seq. Otherwise it is a direct get.
+func (o *owner) peek(ctx context.Context, seq uint64) (*inboxMsg, error) {
+	if seq == 0 {
+		seq = 1
+	}
+	if m := o.hintedAt(seq); m != nil {
+		return m, nil
+	}
+	raw, err := o.w.res.Inbox.GetMsg(context.WithoutCancel(ctx), seq, jetstream.WithGetMsgSubject(o.subject))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return o.decodeInbox(raw.Sequence, raw.Header, raw.Data), nil
+}
+
+func (o *owner) decodeInbox(seq uint64, hdr nats.Header, data []byte) *inboxMsg {
+	m := &inboxMsg{seq: seq, kind: hdr.Get(broker.HdrKind), trace: telemetry.SpanContextOf(hdr)}
+	if err := json.Unmarshal(data, &m.body); err != nil {
+		// Ingress never writes this; keep the lane moving with an empty
+		// message rather than wedging it.
+		o.log.Error("undecodable inbox message", "seq", seq, "error", err)
+		m.body = session.Inbound{Kind: session.KindMessage}
+	}
+	if m.kind == "" {
+		m.kind = m.body.Kind
+	}
+	if m.kind == "" {
+		m.kind = session.KindMessage
+	}
+	if m.body.SessionKey == "" {
+		m.body.SessionKey = hdr.Get(broker.HdrSessionKey)
+	}
+	return m
+}
+
+func seqOf(m jetstream.Msg) uint64 {
+	md, err := m.Metadata()
+	if err != nil {
+		return 0
+	}
+	return md.Sequence.Stream
+}
+
+func seqString(s uint64) string { return strconv.FormatUint(s, 10) }
+
+// offer hands a delivery to the lane; false when the runner has stopped.
+func (o *owner) offer(m jetstream.Msg) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return false
+	}
+	// A redelivery of a delivery we hold supersedes it.
+	seq := seqOf(m)
+	o.held[seq] = m
+	o.heard(seq)
+	select {
+	case o.signal <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+func (o *owner) closeInbox() []jetstream.Msg {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.closed = true
+	out := make([]jetstream.Msg, 0, len(o.held))
+	for _, m := range o.held {
+		out = append(out, m)
+	}
+	o.held = map[uint64]jetstream.Msg{}
+	return out
+}
+
+// ackUpTo acks held deliveries at or below seq; it reports whether any
+// deliveries remain held.
+func (o *owner) ackUpTo(seq uint64) bool {
+	o.dropHinted(seq)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for s, m := range o.held {
+		if s <= seq {
+			o.settled("ack", s, m.Ack())
+			delete(o.held, s)
+		}
+	}
+	return len(o.held) > 0
+}
+
+func (o *owner) heldCount() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.held)
+}
+
+func (o *owner) firstHeldKey() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, m := range o.held {
+		if k := m.Headers().Get(broker.HdrSessionKey); k != "" {
+			return k
+		}
+	}
+	return ""
+}
+
+// nakHeld hands every held delivery back, after delay.
+func (o *owner) nakHeld(delay time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for s, m := range o.held {
+		d := delay
+		if d < 0 {
+			// Short and doubling with the delivery count, capped at the TTL.
+			d = time.Second
+			if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
+				for i := uint64(1); i < md.NumDelivered && d < o.w.cfg.LeaseTTL; i++ {
+					d *= 2
+				}
+			}
+			if d > o.w.cfg.LeaseTTL {
+				d = o.w.cfg.LeaseTTL
+			}
+		}
+		if d == 0 {
+			o.settled("nak", s, m.Nak())
+		} else {
+			o.settled("nak", s, m.NakWithDelay(d))
+		}
+		delete(o.held, s)
+	}
+}
+
+func (o *owner) inProgressHeld() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for s, m := range o.held {
+		o.settled("in progress", s, m.InProgress())
+	}
+}
+
+// settled logs an ack, nak or in-progress signal that did not reach the
+// server. Nothing else is done about it: the delivery comes back after its
+// ack wait (or its delay), and a lane reads its inbox from the stream, so a
+// lost signal costs a redelivery, never a message.
+func (o *owner) settled(what string, seq uint64, err error) {
+	if err != nil {
+		o.log.Debug("delivery signal failed", "signal", what, "seq", seq, "error", err)
+	}
+}
+
+// heard records that inbox seq exists on the lane.
+func (o *owner) heard(seq uint64) { raise(&o.known, seq) }
+
+// raise sets v to seq if that is higher.
+func raise(v *atomic.Uint64, seq uint64) {
+	for {
+		cur := v.Load()
+		if seq <= cur || v.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
+}
+
+// hintGrace is how long a read waits for the hint of a message only its
+// delivery announced so far: the server sends both at once, and the hint
+// carries the message, which saves the read.
+const hintGrace = 20 * time.Millisecond
+
+// awaitHint waits up to hintGrace for a hint above seq.
+func (o *owner) awaitHint(seq uint64) {
+	if o.hintKnown.Load() > seq {
+		return
+	}
+	t := time.NewTimer(hintGrace)
+	defer t.Stop()
+	for o.hintKnown.Load() <= seq {
+		select {
+		case <-o.hints:
+		case <-t.C:
+			return
+		case <-o.ctx.Done():
+			return
+		}
+	}
+}
+
+// mayHaveAfter reports whether the inbox may hold a message of the lane
+// after seq: always when blind, otherwise only when one was heard of.
+func (o *owner) mayHaveAfter(seq uint64) bool {
+	return o.blind.Load() || o.known.Load() > seq
+}
+
+// hintedMsg is a message a hint carried, with the lane subject's previous
+// seq when it was stored.
+type hintedMsg struct {
+	last uint64
+	msg  *inboxMsg
+}
+
+// maxHinted bounds the hinted messages kept per lane; beyond it the oldest
+// go, and peek reads them from the stream.
+const maxHinted = 64
+
+// keepHint records the message a hint carries and returns its seq; false
+// when the hint lacks the sequence headers.
+func (o *owner) keepHint(m *nats.Msg) (uint64, bool) {
+	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if err != nil || seq == 0 {
+		return 0, false
+	}
+	last, err := strconv.ParseUint(m.Header.Get(jetstream.LastSequenceHeader), 10, 64)
+	if err != nil || last >= seq || m.Header.Get("Nats-Msg-Size") != "" {
+		return seq, true // usable as a hint, not as the message
+	}
+	h := hintedMsg{last: last, msg: o.decodeInbox(seq, m.Header, m.Data)}
+	o.hintMu.Lock()
+	defer o.hintMu.Unlock()
+	if n := len(o.hinted); n > 0 && o.hinted[n-1].msg.seq >= seq {
+		return seq, true // out of order or repeated: ignore
+	}
+	if len(o.hinted) == maxHinted {
+		o.hinted = append(o.hinted[:0], o.hinted[1:]...)
+	}
+	o.hinted = append(o.hinted, h)
+	return seq, true
+}
+
+// hintedAt returns the hinted message that is the lane's first at or after
+// seq, or nil.
+func (o *owner) hintedAt(seq uint64) *inboxMsg {
+	o.hintMu.Lock()
+	defer o.hintMu.Unlock()
+	for _, h := range o.hinted {
+		if h.last < seq && seq <= h.msg.seq {
+			return h.msg
+		}
+	}
+	return nil
+}
+
+// dropHinted forgets the hinted messages at or below seq.
+func (o *owner) dropHinted(seq uint64) {
+	o.hintMu.Lock()
+	defer o.hintMu.Unlock()
+	i := 0
+	for i < len(o.hinted) && o.hinted[i].msg.seq <= seq {
+		i++
+	}
+	o.hinted = append(o.hinted[:0], o.hinted[i:]...)
+}

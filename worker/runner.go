@@ -1,0 +1,241 @@
+package worker
+
+import (
+	"errors"
+	"time"
+
+	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/session"
+)
+
+// lane runs the lane protocol for one lane on this worker: the runner
+// goroutine (run) takes the lane's lease, then runs its steps (step.go) one
+// at a time through the step units (turn.go, commands.go, internal.go,
+// recover.go) and settles each outcome (settle) until it releases or loses
+// the lane. Everything durable goes through the embedded owner layer
+// (owner.go).
+//
+// Goroutines: the fields below belong to the runner goroutine alone. The
+// agent goroutine of a running turn (runAgent) touches only what its
+// emitter was given and the owner's append/publish, which are safe for it
+// (see owner).
+type lane struct {
+	*owner
+
+	// turnStarted is when the running turn started (its duration metric).
+	turnStarted time.Time
+	// msgids are the platform message id lookups of the step being run.
+	msgids msgidLookups
+	// holdsGate is set while the lane runs a last-attempt turn that took
+	// its place in the worker's turn gate before it was recorded (see
+	// turnGate).
+	holdsGate bool
+	// autoCheck asks the runner, once it has nothing to do, whether the
+	// lane is due an automatic resume (set when the lane is taken and when
+	// an admin command marked it resume_pending).
+	autoCheck bool
+	// failures counts the steps that failed in a row (see settle).
+	failures int
+}
+
+func newLane(w *Worker, laneTok string) *lane {
+	return &lane{owner: newOwner(w, laneTok)}
+}
+
+// run is the runner goroutine of a lane.
+func (l *lane) run() {
+	defer func() {
+		left := l.w.laneExit(l)
+		committed := uint64(0)
+		if l.entry != nil && l.entry.InboxID == l.w.res.InboxID {
+			committed = l.entry.CommittedSeq
+		}
+		for _, m := range left {
+			if seqOf(m) <= committed {
+				_ = m.Ack()
+			} else {
+				_ = m.Nak()
+			}
+		}
+	}()
+	ctx := l.w.hardCtx
+	entry, rev, err := l.w.store.Get(ctx, l.lane)
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
+	case err != nil:
+		l.log.Warn("read entry", "error", err)
+		l.nakHeld(time.Second)
+		return
+	default:
+		l.entry, l.rev = entry, rev
+	}
+	// Wake-up step 1: deliveries whose effects are already durable.
+	if l.entry != nil && l.entry.InboxID == l.w.res.InboxID {
+		if !l.ackUpTo(l.entry.CommittedSeq) && l.entry.Turn == nil {
+			if l.entry.Owner == "" || !l.w.draining() {
+				// Nothing newer was handed to us. A sweep may still need
+				// us if the lane has unprocessed messages: check below.
+				if next, err := l.peek(ctx, l.entry.CommittedSeq+1); err != nil || next == nil {
+					return
+				}
+			}
+		}
+	}
+	for attempt := 0; ; attempt++ {
+		if l.w.draining() {
+			l.nakHeld(0)
+			return
+		}
+		lease, err := l.w.leases.Acquire(ctx, l.lane, l.w.owner)
+		var held *kv.HeldError
+		if errors.As(err, &held) {
+			// Wake-up step 2: another worker owns the lane.
+			l.w.stats.HeldElsewhere.Add(1)
+			l.w.heldElsewhere.Store(l.lane, time.Now().Add(500*time.Millisecond))
+			delay := time.Duration(-1)
+			if l.entry != nil && l.entry.Turn != nil {
+				// A turn in flight under someone else's lease: if that
+				// owner died, the lane is ours to resume when the lease
+				// runs out. Come back just after that, not a whole TTL on.
+				delay = heldRetryDelay(held.Expires, l.w.cfg.LeaseTTL)
+			}
+			l.nakHeld(delay)
+			return
+		}
+		if err != nil {
+			l.log.Warn("acquire lease", "error", err)
+			l.nakHeld(time.Second)
+			return
+		}
+		again := l.own(lease)
+		if !again {
+			return
+		}
+	}
+}
+
+// own runs the lane as its owner until it releases the lease (returning true
+// when new work appeared right after the release) or loses it.
+func (l *lane) own(lease *kv.Lease) bool {
+	w := l.w
+	end, err := l.begin(lease)
+	defer end()
+	if err != nil {
+		l.log.Warn("take ownership", "error", err)
+		l.giveUp()
+		return false
+	}
+
+	// A lane taken with a turn in flight resumes that turn (the previous
+	// owner died, or, after a failed step, see settle, this one could
+	// not finish it); one taken without may be due an automatic resume (see
+	// autoResumeDue).
+	l.autoCheck = l.entry.Turn == nil
+	if !l.recoverAll(true) {
+		return false
+	}
+
+	lingerUntil := time.Now().Add(w.cfg.Linger)
+	for {
+		if l.ended() != keepOwning {
+			return false
+		}
+		st, err := l.nextStep(l.ctx)
+		if err != nil {
+			if l.ctx.Err() != nil {
+				continue
+			}
+			l.log.Warn("peek", "error", err)
+			l.wait(time.Second)
+			continue
+		}
+		if st == nil && l.autoCheck {
+			l.autoCheck = false
+			if l.autoResumeDue() {
+				if err := l.publishAutoResume(); err != nil {
+					l.log.Warn("publish automatic resume", "error", err)
+				}
+				continue
+			}
+		}
+		if st != nil {
+			if st.kind == session.KindCommand && st.msgs[0].body.Command == session.CmdResumePending {
+				l.autoCheck = true
+			}
+			l.lastWriteErr = nil
+			err := l.runStep(st)
+			if l.settle(st, err) != keepOwning {
+				return false
+			}
+			if err != nil {
+				// A drain timeout, a lost lease or a failed write, and
+				// the lane kept: whatever of the step was recorded is
+				// recovered first.
+				if !l.recoverAll(false) {
+					return false
+				}
+			}
+			lingerUntil = time.Now().Add(w.cfg.Linger)
+			continue
+		}
+		remaining := time.Until(lingerUntil)
+		if remaining <= 0 {
+			return l.releaseAndRecheck()
+		}
+		if remaining > w.cfg.PeekInterval {
+			remaining = w.cfg.PeekInterval
+		}
+		l.wait(remaining)
+	}
+}
+
+// recoverAll recovers the turn in flight, if any, until none is: a lane
+// taken with one (the previous owner died) or left with one by a failed
+// step resumes it first. reset starts the failures in a row again when
+// it succeeds. It reports false when the ownership ended.
+func (l *lane) recoverAll(reset bool) bool {
+	for l.entry.Turn != nil {
+		err := l.recoverTurn()
+		if err == nil {
+			if reset {
+				l.failures = 0
+			}
+			return true
+		}
+		if l.settle(nil, err) != keepOwning {
+			return false
+		}
+	}
+	return true
+}
+
+// wait blocks until a hint, a delivery, a drain, the lane's end or d.
+func (l *lane) wait(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-l.hints:
+		return true
+	case <-l.signal:
+		return true
+	case <-l.w.drainCh:
+		return true
+	case <-l.ctx.Done():
+		return false
+	case <-t.C:
+		l.blind.Store(true)
+		return true
+	}
+}
+
+// heldRetryDelay is how long to hand a delivery back for when its lane's
+// lease, held by another worker, runs out at expires: a little past that
+// moment, within [250ms, ttl].
+func heldRetryDelay(expires time.Time, ttl time.Duration) time.Duration {
+	const slack = 250 * time.Millisecond
+	if expires.IsZero() {
+		return ttl
+	}
+	d := time.Until(expires) + slack
+	return min(max(d, slack), ttl)
+}
