@@ -141,8 +141,14 @@ func NewHTTP(ctx context.Context, nc *nats.Conn, opts HTTPOptions) (*HTTP, error
 	if s.WhatsApp.MappingDir != "" {
 		keys.WhatsApp = session.NewWhatsAppResolver(s.WhatsApp.MappingDir)
 	}
+	var scoped []ingress.ScopedToken
+	if f := s.HTTP.ScopedTokensFile; f != "" {
+		if scoped, err = ingress.LoadScopedTokens(f); err != nil {
+			return nil, err
+		}
+	}
 	srv, err := ingress.New(js, res, ingress.Config{Names: names, KeyOptions: keys, Token: s.HTTP.Token,
-		MaxBodyBytes: int64(s.HTTP.MaxBodyBytes), Logger: log})
+		ScopedTokens: scoped, MaxBodyBytes: int64(s.HTTP.MaxBodyBytes), Logger: log})
 	if err != nil {
 		return nil, err
 	}

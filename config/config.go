@@ -829,6 +829,14 @@ type HTTPConfig struct {
 	// Defaults to false.
 	AllowUnauthenticated bool `yaml:"allow_unauthenticated" json:"allow_unauthenticated"`
 
+	// ScopedTokensFile is the path of a JSON file of bearer tokens each
+	// limited to session-key prefixes (one tenant's front end):
+	// [{"token": "...", "key_prefixes": ["agent:main:http:dm:acme-"]}].
+	// Must exist when set. Its tokens are secrets and never printed.
+	//
+	// Defaults to "" (no scoped tokens).
+	ScopedTokensFile string `yaml:"scoped_tokens_file" json:"scoped_tokens_file"`
+
 	// MaxBodyBytes caps a request body. At least 1.
 	//
 	// Defaults to 1048576 (1 MiB).

@@ -20,7 +20,7 @@ import (
 // HTTP (`agentfleet up`, `agentfleet ingress`) call it. src, from
 // LoadSourced, names where the address came from; it may be nil.
 func (c Config) CheckHTTP(src Sources) error {
-	if c.HTTP.Token != "" || c.HTTP.AllowUnauthenticated || IsLoopback(c.HTTP.Addr) {
+	if c.HTTP.Token != "" || c.HTTP.ScopedTokensFile != "" || c.HTTP.AllowUnauthenticated || IsLoopback(c.HTTP.Addr) {
 		return nil
 	}
 	port := "8080"

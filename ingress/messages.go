@@ -73,6 +73,9 @@ func (s *Server) handlePostMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	m, e := s.buildInbound(req, time.Now().UTC())
+	if e == nil {
+		e = allowKey(r, m.inbound.SessionKey)
+	}
 	if e != nil {
 		s.writeError(w, r, e)
 		return

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -54,6 +55,12 @@ type Config struct {
 	// Token is the bearer token every /v1 request must carry in
 	// "Authorization: Bearer <token>". Empty means no authentication.
 	Token string
+	// ScopedTokens are further bearer tokens, each limited to the session
+	// keys that start with one of its KeyPrefixes (a tenant's front end): POST
+	// /v1/messages of a message whose key falls outside, and every
+	// /v1/sessions/{key} path outside, are answered 403. Token keeps full
+	// access. Scoped tokens without Token still require authentication.
+	ScopedTokens []ScopedToken
 	// MaxBodyBytes caps the body of POST /v1/messages; a larger body is
 	// answered 413. Defaults to 1 MiB.
 	MaxBodyBytes int64
@@ -77,6 +84,15 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 }
 
+// ScopedToken is a bearer token limited to the session keys that start with
+// one of KeyPrefixes. A key is agent:main:<platform>:<chat_type>:<ids>, so a
+// tenant whose chat ids start with "acme-" on the HTTP platform has the
+// prefixes "agent:main:http:dm:acme-" and "agent:main:http:group:acme-".
+type ScopedToken struct {
+	Token       string
+	KeyPrefixes []string
+}
+
 func (c Config) withDefaults() (Config, error) {
 	if c.Names.Prefix() == "" {
 		c.Names = broker.MustNames(broker.DefaultPrefix)
@@ -88,6 +104,29 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: Token is only white space", ErrInvalidConfig)
 	}
 	c.Token = token
+	scoped := make([]ScopedToken, 0, len(c.ScopedTokens))
+	seen := map[string]bool{token: token != ""}
+	for i, st := range c.ScopedTokens {
+		st.Token = strings.TrimSpace(st.Token)
+		if st.Token == "" {
+			return c, fmt.Errorf("%w: ScopedTokens[%d] has an empty token", ErrInvalidConfig, i)
+		}
+		if seen[st.Token] {
+			return c, fmt.Errorf("%w: ScopedTokens[%d] repeats a token", ErrInvalidConfig, i)
+		}
+		seen[st.Token] = true
+		if len(st.KeyPrefixes) == 0 {
+			return c, fmt.Errorf("%w: ScopedTokens[%d] has no key prefix", ErrInvalidConfig, i)
+		}
+		for _, p := range st.KeyPrefixes {
+			if !strings.HasPrefix(p, "agent:") || !utf8.ValidString(p) {
+				return c, fmt.Errorf("%w: ScopedTokens[%d] key prefix %q does not start with \"agent:\"", ErrInvalidConfig, i, p)
+			}
+		}
+		st.KeyPrefixes = append([]string(nil), st.KeyPrefixes...)
+		scoped = append(scoped, st)
+	}
+	c.ScopedTokens = scoped
 	if c.MaxBodyBytes < 0 {
 		return c, fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidConfig, c.MaxBodyBytes)
 	}
@@ -130,6 +169,8 @@ type Server struct {
 
 	// tokenSum is the SHA-256 of Config.Token, compared in constant time.
 	tokenSum [sha256.Size]byte
+	// scopedSums are the SHA-256 of each Config.ScopedTokens token.
+	scopedSums [][sha256.Size]byte
 
 	ready   atomic.Pointer[func() error]
 	handler http.Handler
@@ -171,6 +212,9 @@ func New(js jetstream.JetStream, res *broker.Resources, cfg Config) (*Server, er
 		tracer: telemetry.Tracer(cfg.TracerProvider),
 	}
 	s.tokenSum = sha256.Sum256([]byte(cfg.Token))
+	for _, st := range cfg.ScopedTokens {
+		s.scopedSums = append(s.scopedSums, sha256.Sum256([]byte(st.Token)))
+	}
 	nc := js.Conn()
 	if nc == nil {
 		return nil, fmt.Errorf("%w: JetStream has no connection", ErrInvalidConfig)
@@ -321,35 +365,66 @@ func (s *Server) routes() http.Handler {
 }
 
 // authed wraps h with the bearer-token check when a token is configured.
+// A scoped token's key prefix travels in the request's context; keyed
+// routes check it with allowKey.
 func (s *Server) authed(h http.HandlerFunc) http.Handler {
-	if s.cfg.Token == "" {
+	if s.cfg.Token == "" && len(s.cfg.ScopedTokens) == 0 {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if e := s.checkToken(r); e != nil {
+		scope, e := s.checkToken(r)
+		if e != nil {
 			s.writeError(w, r, e)
 			return
+		}
+		if scope != nil {
+			r = r.WithContext(context.WithValue(r.Context(), scopeKey{}, scope))
 		}
 		h(w, r)
 	})
 }
 
-func (s *Server) checkToken(r *http.Request) *apiError {
+// scopeKey is the context key of a request's *ScopedToken.
+type scopeKey struct{}
+
+// allowKey answers 403 when the request's token is scoped to key prefixes
+// none of which key starts with.
+func allowKey(r *http.Request, key string) *apiError {
+	st, _ := r.Context().Value(scopeKey{}).(*ScopedToken)
+	if st == nil {
+		return nil
+	}
+	for _, p := range st.KeyPrefixes {
+		if strings.HasPrefix(key, p) {
+			return nil
+		}
+	}
+	return errorf(http.StatusForbidden, "this token is limited to session keys starting with %q", st.KeyPrefixes)
+}
+
+// checkToken returns the scope of the request's token: nil for Token (full
+// access), else the matching scoped token.
+func (s *Server) checkToken(r *http.Request) (*ScopedToken, *apiError) {
 	const realm = `Bearer realm="agentfleet"`
 	auth := r.Header.Get("Authorization")
 	scheme, token, ok := strings.Cut(auth, " ")
 	if auth == "" || !ok || !strings.EqualFold(scheme, "Bearer") {
 		e := errorf(http.StatusUnauthorized, "missing bearer token: send Authorization: Bearer <token>")
 		e.header = http.Header{"Www-Authenticate": {realm}}
-		return e
+		return nil, e
 	}
 	sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
-	if subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) != 1 {
-		e := errorf(http.StatusUnauthorized, "invalid bearer token")
-		e.header = http.Header{"Www-Authenticate": {realm + `, error="invalid_token"`}}
-		return e
+	if s.cfg.Token != "" && subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) == 1 {
+		return nil, nil
 	}
-	return nil
+	for i := range s.scopedSums {
+		if subtle.ConstantTimeCompare(sum[:], s.scopedSums[i][:]) == 1 {
+			return &s.cfg.ScopedTokens[i], nil
+		}
+	}
+	e := errorf(http.StatusUnauthorized, "invalid bearer token")
+	e.header = http.Header{"Www-Authenticate": {realm + `, error="invalid_token"`}}
+	return nil, e
 }
 
 func (s *Server) handleHealthz(w http.ResponseWriter, _ *http.Request) {

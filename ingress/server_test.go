@@ -48,6 +48,8 @@ type setupOpts struct {
 	maxReaders int
 	// serverOpts changes the NATS server's options.
 	serverOpts func(*server.Options)
+	// scoped is Config.ScopedTokens.
+	scoped []ingress.ScopedToken
 }
 
 func setup(t *testing.T, o setupOpts) *testBundle {
@@ -73,6 +75,7 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 		Names:           names,
 		KeyOptions:      session.DefaultKeyOptions(),
 		Token:           o.token,
+		ScopedTokens:    o.scoped,
 		MaxBodyBytes:    o.maxBody,
 		EventsHeartbeat: o.heartbeat,
 		Logger:          o.logs.logger(t),

@@ -25,6 +25,9 @@ func sessionKeyFromPath(r *http.Request) (key, lane string, e *apiError) {
 	if err := validateSessionKey(key); err != nil {
 		return "", "", badRequest("invalid session key: %v", err)
 	}
+	if e := allowKey(r, key); e != nil {
+		return "", "", e
+	}
 	return key, session.LaneToken(key), nil
 }
 

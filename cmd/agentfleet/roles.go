@@ -301,8 +301,14 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 	if rt.cfg.WhatsApp.MappingDir != "" {
 		keys.WhatsApp = session.NewWhatsAppResolver(rt.cfg.WhatsApp.MappingDir)
 	}
+	var scoped []ingress.ScopedToken
+	if f := rt.cfg.HTTP.ScopedTokensFile; f != "" {
+		if scoped, err = ingress.LoadScopedTokens(f); err != nil {
+			return nil, err
+		}
+	}
 	srv, err := ingress.New(js, res, ingress.Config{Names: rt.names, KeyOptions: keys, Token: rt.cfg.HTTP.Token,
-		MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), MaxReadersPerClient: rt.cfg.HTTP.MaxReadersPerClient, Logger: rt.log,
+		ScopedTokens: scoped, MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), MaxReadersPerClient: rt.cfg.HTTP.MaxReadersPerClient, Logger: rt.log,
 		TracerProvider: rt.tracer()})
 	if err != nil {
 		return nil, err
