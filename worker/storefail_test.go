@@ -1,12 +1,19 @@
 package worker_test
 
 import (
+	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/agent/echo"
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/test/natstest"
+	"github.com/agentfleet/agentfleet/worker"
 )
 
 // TestStoreTroubleIsNotAnInterruption: while the msgids bucket is gone (as
@@ -47,5 +54,99 @@ func TestStoreTroubleIsNotAnInterruption(t *testing.T) {
 	e := f.waitCommitted(lane, seq)
 	if r[0].Text != "echo: are you there?" || e.Suspended || e.InterruptedTurns != 0 {
 		t.Fatalf("reply %q, suspended %v, interrupted_turns %d", r[0].Text, e.Suspended, e.InterruptedTurns)
+	}
+}
+
+// TestTransientWriteFailureAfterTheAgentRan: the turn's agent has run but
+// its reply cannot be written (the transcript stream refuses writes, as a
+// stream without quorum does during a partition) for longer than
+// MaxInterruptedTurns in-place retries take. The owner, alive all along,
+// retries in place: those attempts are not interruptions, so the turn is
+// neither dead-lettered nor its lane suspended, and once writes are taken
+// again the message is answered exactly once.
+func TestTransientWriteFailureAfterTheAgentRan(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (every refused reply append takes seconds); skipped under -short")
+	}
+	f := newFleet(t)
+	var (
+		mu    sync.Mutex
+		calls int
+		saved *jetstream.StreamConfig
+	)
+	inner := echo.Backend(echo.Options{})
+	backend := agent.BackendFunc(func(ctx context.Context, key, sid string) (agent.Agent, error) {
+		a, err := inner.NewAgent(ctx, key, sid)
+		if err != nil {
+			return nil, err
+		}
+		return agent.AgentFunc(func(ctx context.Context, turn *agent.Turn, emit agent.Emitter) (*agent.Result, error) {
+			mu.Lock()
+			calls++
+			first := calls == 1
+			mu.Unlock()
+			if first {
+				// From now on the transcript takes no more entries: the
+				// reply this run returns cannot be recorded.
+				info, err := f.res.Transcripts.Info(ctx)
+				if err != nil {
+					return nil, err
+				}
+				orig := info.Config
+				full := info.Config
+				full.Discard, full.MaxMsgs = jetstream.DiscardNew, int64(info.State.Msgs)
+				if _, err := f.js.UpdateStream(ctx, full); err != nil {
+					return nil, err
+				}
+				mu.Lock()
+				saved = &orig
+				mu.Unlock()
+			}
+			return a.Run(ctx, turn, emit)
+		}), nil
+	})
+	f.startWorker("w1", func(c *worker.Config) { c.Backend = backend })
+	lane, seq := f.post("partition", "are you there?", "p-1")
+	// More agent runs than the dead-letter threshold allows interrupted
+	// attempts, every reply refused.
+	const runs = worker.MaxInterruptedTurns + 1
+	natstest.WaitFor(t, 150*time.Second, fmt.Sprintf("%d agent runs", runs), func() error {
+		e, _, err := f.store.Get(t.Context(), lane)
+		if err != nil {
+			return err
+		}
+		if e.Suspended || e.InterruptedTurns > 0 {
+			t.Fatalf("failed writes of a live owner were counted: suspended %v, interrupted_turns %d", e.Suspended, e.InterruptedTurns)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if calls < runs {
+			return fmt.Errorf("%d runs", calls)
+		}
+		return nil
+	})
+	if got := f.replies(lane); len(got) != 0 {
+		t.Fatalf("replies while the transcript refused writes: %+v", got)
+	}
+	mu.Lock()
+	orig := saved
+	mu.Unlock()
+	if _, err := f.js.UpdateStream(t.Context(), *orig); err != nil {
+		t.Fatal(err)
+	}
+	e := f.waitCommitted(lane, seq)
+	r := f.waitRepliesLong(lane, 1)
+	if e.Suspended || e.InterruptedTurns != 0 {
+		t.Fatalf("suspended %v, interrupted_turns %d", e.Suspended, e.InterruptedTurns)
+	}
+	// Nothing more comes: one reply, the agent's.
+	lane2, seq2 := f.post("partition", "and now?", "p-2")
+	if lane2 != lane {
+		t.Fatalf("lane %s, want %s", lane2, lane)
+	}
+	f.waitCommitted(lane, seq2)
+	r = f.waitRepliesLong(lane, 2)
+	if len(r) != 2 || r[0].Text != "echo: are you there?" || r[1].Text != "echo: and now?" {
+		t.Fatalf("replies %+v, want each message answered once", r)
 	}
 }
