@@ -22,6 +22,7 @@ import (
 	"github.com/agentfleet/agentfleet/ingress"
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -136,10 +137,11 @@ func startInprocWorkers(ctx context.Context, e *env, o Options, fail context.Can
 		w, err := worker.New(nc, js, res, worker.Config{
 			ID: id, Names: e.names, Backend: echo.Backend(echo.Options{}),
 			LeaseTTL: o.LeaseTTL, Linger: o.Linger, MaxLanes: max(64, o.Lanes),
-			DrainTimeout: fleetDrainTimeout,
-			Reset:        session.ResetConfig{Default: session.ResetPolicy{Mode: session.ResetNone}},
-			Context:      session.ContextOptions{KeyOptions: session.DefaultKeyOptions()},
-			Logger:       o.Logger,
+			DrainTimeout:   fleetDrainTimeout,
+			Reset:          session.ResetConfig{Default: session.ResetPolicy{Mode: session.ResetNone}},
+			Context:        session.ContextOptions{KeyOptions: session.DefaultKeyOptions()},
+			Logger:         o.Logger,
+			TracerProvider: o.TracerProvider,
 		})
 		if err != nil {
 			_ = ws.stop()
@@ -215,12 +217,14 @@ func runFleet(ctx context.Context, e *env, o Options, x fleetExtra) (Result, err
 	if err != nil {
 		return Result{}, err
 	}
-	isrv, err := ingress.New(ijs, ires, ingress.Config{Names: names, KeyOptions: session.DefaultKeyOptions(), Logger: o.Logger})
+	isrv, err := ingress.New(ijs, ires, ingress.Config{Names: names, KeyOptions: session.DefaultKeyOptions(), Logger: o.Logger,
+		TracerProvider: o.TracerProvider})
 	if err != nil {
 		return Result{}, fmt.Errorf("bench: %w", err)
 	}
 	if o.Until == UntilMailbox {
 		delivery := ingress.NewDelivery(ijs, ires, names, o.Logger)
+		delivery.SetTracerProvider(o.TracerProvider)
 		if err := delivery.Start(runCtx); err != nil {
 			return Result{}, fmt.Errorf("bench: %w", err)
 		}
@@ -248,7 +252,7 @@ func runFleet(ctx context.Context, e *env, o Options, x fleetExtra) (Result, err
 	switch o.Ingress {
 	case IngressHTTP:
 		var closeHTTP func()
-		send, closeHTTP, err = httpSender(o, ids, isrv.Handler())
+		send, closeHTTP, err = httpSender(o, ids, telemetry.HTTPHandler(o.TracerProvider, isrv.Handler()))
 		if err != nil {
 			return Result{}, err
 		}

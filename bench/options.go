@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentfleet/agentfleet/broker"
 )
 
@@ -82,6 +84,10 @@ type Options struct {
 	CountOps bool
 	// Logger receives the fleet's logs. Defaults to discarding them.
 	Logger *slog.Logger
+	// TracerProvider traces the in-process fleet (ingress requests and
+	// publishes, deliveries, turns, replies) as agentfleet does with the
+	// OTEL_* variables set. Nil: tracing off, the default.
+	TracerProvider trace.TracerProvider
 
 	// NATSURL runs against a running NATS server instead of an embedded
 	// one, over TCP. Throughput then also needs IngressURL and measures the

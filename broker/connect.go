@@ -60,7 +60,7 @@ func Connect(cfg ConnectConfig) (*nats.Conn, error) {
 		nats.RetryOnFailedConnect(false),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
-				log.Warn("nats disconnected", "err", err)
+				log.Warn("nats disconnected", "error", err)
 			}
 		}),
 		// Never the plain URL: it may carry a password or a token.
@@ -70,7 +70,7 @@ func Connect(cfg ConnectConfig) (*nats.Conn, error) {
 			if sub != nil {
 				subj = sub.Subject
 			}
-			log.Warn("nats async error", "subject", subj, "err", err)
+			log.Warn("nats async error", "subject", subj, "error", err)
 		}),
 	}
 	if cfg.User != "" {

@@ -95,7 +95,7 @@ func ProvisionRetry(ctx context.Context, js jetstream.JetStream, pc ProvisionCon
 		backoff.WithMaxElapsedTime(0),
 		backoff.WithNotify(func(err error, next time.Duration) {
 			log.Warn("provisioning failed; retrying", "retry_in", next.Round(time.Millisecond).String(),
-				"gives_up_in", time.Until(deadline).Round(time.Second).String(), "err", err)
+				"gives_up_in", time.Until(deadline).Round(time.Second).String(), "error", err)
 		}),
 	)
 }

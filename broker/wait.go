@@ -65,7 +65,7 @@ func ConnectWait(ctx context.Context, cfg ConnectConfig, wait time.Duration) (*n
 		backoff.WithMaxElapsedTime(0), // deadlineBackOff stops at the deadline
 		backoff.WithNotify(func(err error, next time.Duration) {
 			log.Warn("waiting for NATS at "+where, "attempt", attempts, "retry_in", next.Round(time.Millisecond).String(),
-				"gives_up_in", time.Until(deadline).Round(time.Second).String(), "err", err)
+				"gives_up_in", time.Until(deadline).Round(time.Second).String(), "error", err)
 		}),
 	)
 	if err == nil {

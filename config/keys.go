@@ -385,7 +385,7 @@ func buildKeys() []key {
 			"Log format: text or json.",
 			func(c *Config) *string { return &c.Telemetry.LogFormat }, oneOf("text", "json")),
 		field("telemetry.metrics_addr",
-			"host:port on which `agentfleet worker` and `agentfleet up` serve Prometheus metrics at /metrics (flag `--metrics`). Empty: no separate endpoint (the ingress always serves /metrics on `http.addr`). The endpoint has no authentication: bind it to a private address.",
+			"host:port on which `agentfleet worker`, `agentfleet indexer` and `agentfleet up` serve Prometheus metrics at /metrics (flag `--metrics`). Empty: no separate endpoint (the ingress always serves /metrics on `http.addr`). The endpoint has no authentication: bind it to a private address.",
 			func(c *Config) *string { return &c.Telemetry.MetricsAddr }, checkHostPort(true)),
 	)
 	for i := range ks {

@@ -34,7 +34,7 @@ func (s *Server) consoleHandler() http.Handler {
 	if err != nil {
 		// The console's templates are embedded and parsed by its tests:
 		// this is a build defect, reported on every console request.
-		s.log.Error("console unavailable", "err", err)
+		s.log.Error("console unavailable", "error", err)
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			s.writeError(w, r, errorf(http.StatusInternalServerError, "the console is unavailable: %v", err))
 		})

@@ -13,6 +13,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
@@ -75,6 +78,7 @@ type Delivery struct {
 	backoffMin, backoffMax time.Duration
 	opTimeout              time.Duration
 	metrics                *telemetry.Metrics
+	tracer                 trace.Tracer
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -117,9 +121,52 @@ func NewDelivery(js jetstream.JetStream, res *broker.Resources, names broker.Nam
 	}
 }
 
+// SetTracerProvider traces each delivery of a reply, a child of the
+// worker's reply publish (nil: none). Call it before Start.
+func (d *Delivery) SetTracerProvider(tp trace.TracerProvider) { d.tracer = telemetry.Tracer(tp) }
+
+// traceDelivery starts the span of one delivery of an outbox message: a
+// child of the reply publish whose context the message's headers carry,
+// linked to it, with the JetStream delivery count.
+func (d *Delivery) traceDelivery(ctx context.Context, msg jetstream.Msg) (context.Context, func()) {
+	if d.tracer == nil {
+		return ctx, nop
+	}
+	sc := telemetry.SpanContextOf(msg.Headers())
+	if !sc.IsValid() {
+		return ctx, nop
+	}
+	var count uint64
+	if md, err := msg.Metadata(); err == nil {
+		count = md.NumDelivered
+	}
+	ctx, span := d.tracer.Start(trace.ContextWithRemoteSpanContext(ctx, sc), "reply delivery",
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithLinks(telemetry.LinkTo(sc, attribute.String("agentfleet.link", "reply_publish"))...),
+		trace.WithAttributes(telemetry.AttrPlatform.String(d.platform), telemetry.AttrDeliveryCount.Int64(int64(count))))
+	return ctx, func() { span.End() }
+}
+
+func nop() {}
+
+// endSpan ends span (nil: none), recording err.
+func endSpan(span trace.Span, err error) {
+	if span == nil {
+		return
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
 // SetMetrics records delivery attempts and failures on m (nil: none).
 // Call it before Start.
-func (d *Delivery) SetMetrics(m *telemetry.Metrics) { d.metrics = m }
+func (d *Delivery) SetMetrics(m *telemetry.Metrics) {
+	d.metrics = m
+	m.PlatformDelivery(d.platform)
+}
 
 // SetBackoff sets the delay before the first retry of a failed delivery
 // (default 100ms); it doubles per attempt up to 5s, or up to first itself
@@ -333,6 +380,8 @@ type boxItem struct {
 // handle delivers one outbox message, retrying until its mailbox holds it,
 // and acks it. keep keeps the lane's queued replies alive while it retries.
 func (d *Delivery) handle(ctx context.Context, msg jetstream.Msg, keep func()) {
+	ctx, end := d.traceDelivery(ctx, msg)
+	defer end()
 	var seq uint64
 	if md, err := msg.Metadata(); err == nil {
 		seq = md.Sequence.Stream
@@ -379,7 +428,12 @@ func (d *Delivery) handle(ctx context.Context, msg jetstream.Msg, keep func()) {
 func (d *Delivery) deliverRetrying(ctx context.Context, msg jetstream.Msg, seq uint64, lane string, item boxItem, keep func(), log *slog.Logger) bool {
 	backoff := d.backoffMin
 	for attempt := 1; ; attempt++ {
-		dup, boxSeq, err := d.deliver(ctx, msg.Subject(), seq, lane, item)
+		actx, span := ctx, trace.Span(nil)
+		if d.tracer != nil {
+			actx, span = d.tracer.Start(ctx, "mailbox put", trace.WithAttributes(attribute.Int("agentfleet.attempt", attempt)))
+		}
+		dup, boxSeq, err := d.deliver(actx, msg.Subject(), seq, lane, item)
+		endSpan(span, err)
 		d.metrics.DeliveryAttempt(ctx, d.platform, err)
 		if err == nil {
 			log.LogAttrs(ctx, slog.LevelDebug, "reply delivered",

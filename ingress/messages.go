@@ -19,9 +19,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 )
 
 // messageRequest is the body of POST /v1/messages.
@@ -376,7 +381,30 @@ func (s *Server) accept(r *http.Request, m *inboxMessage) (*acceptResponse, *api
 // acceptCtx is accept for a caller without a request (a platform adapter's
 // poll loop); ctx only carries values and logging, never a cancellation of
 // a write that has started.
-func (s *Server) acceptCtx(rctx context.Context, m *inboxMessage) (*acceptResponse, *apiError) {
+func (s *Server) acceptCtx(rctx context.Context, m *inboxMessage) (resp *acceptResponse, e *apiError) {
+	if s.tracer == nil {
+		return s.accepted(rctx, m)
+	}
+	// The span of the publish: a child of the request's span (HTTP or
+	// webhook) or, for a poll loop, the trace's root. Its context travels
+	// in the inbox message's headers to the worker.
+	rctx, span := s.tracer.Start(rctx, "inbox publish", trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(telemetry.AttrLane.String(m.lane), telemetry.AttrSessionKey.String(m.inbound.SessionKey),
+			semconv.MessagingSystemKey.String("nats"), semconv.MessagingDestinationName(m.subject)))
+	defer func() {
+		switch {
+		case e != nil:
+			span.SetStatus(codes.Error, e.msg)
+		case resp != nil:
+			span.SetAttributes(telemetry.AttrInboxSeq.Int64(int64(resp.Seq)), attribute.Bool("agentfleet.duplicate", resp.Duplicate))
+		}
+		span.End()
+	}()
+	return s.accepted(rctx, m)
+}
+
+// accepted is acceptCtx without its span.
+func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptResponse, *apiError) {
 	key := m.inbound.SessionKey
 	pmid := m.inbound.PlatformMsgID
 	var corrupt bool
@@ -392,7 +420,7 @@ func (s *Server) acceptCtx(rctx context.Context, m *inboxMessage) (*acceptRespon
 		corrupt = bad
 	}
 
-	msg, e := s.inboxMsg(m)
+	msg, e := s.inboxMsg(rctx, m)
 	if e != nil {
 		return nil, e
 	}
@@ -458,7 +486,7 @@ func (s *Server) keyAt(rctx context.Context, seq uint64, fallback string) string
 // inboxMsg encodes m as the inbox message. A message the server would not
 // take (its payload limit, envelope and headers included) is refused with
 // 413: retrying it cannot help.
-func (s *Server) inboxMsg(m *inboxMessage) (*nats.Msg, *apiError) {
+func (s *Server) inboxMsg(ctx context.Context, m *inboxMessage) (*nats.Msg, *apiError) {
 	// Encoded as the transcript will store the text (encoding/json escapes
 	// '<', '>' and '&' as six bytes each): a message that fits here then
 	// fits in its transcript entry, which carries the same text and less
@@ -474,6 +502,7 @@ func (s *Server) inboxMsg(m *inboxMessage) (*nats.Msg, *apiError) {
 	if m.inbound.PlatformMsgID != "" {
 		msg.Header.Set(broker.HdrPlatformMsgID, m.inbound.PlatformMsgID)
 	}
+	telemetry.Inject(ctx, msg.Header)
 	if limit := s.maxPayload(); limit > 0 {
 		// The payload limit counts the data and the header block, which
 		// also gets the Msg-Id and expected-stream headers of the publish.

@@ -11,9 +11,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 )
 
 // Defaults of PlatformDeliveryConfig.
@@ -114,6 +117,12 @@ type PlatformDeliveryConfig struct {
 	LiveEdits bool
 	// Logger receives structured logs. Defaults to a discard logger.
 	Logger *slog.Logger
+	// Metrics records send attempts, failures and replies given up, per
+	// platform; nil records nothing.
+	Metrics *telemetry.Metrics
+	// TracerProvider traces each delivery of a reply (a child of the
+	// worker's reply publish) and each platform send; nil traces nothing.
+	TracerProvider trace.TracerProvider
 }
 
 // deliveryState is the progress of one reply, kept in the delivered bucket
@@ -226,9 +235,10 @@ func NewPlatformDelivery(js jetstream.JetStream, res *broker.Resources, cfg Plat
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	log := cfg.Logger.With(slog.String("consumer", cfg.Names.DeliveryConsumer(string(cfg.Platform))))
+	cfg.Metrics.PlatformDelivery(string(cfg.Platform))
 	return &PlatformDelivery{
 		js: js, res: res, cfg: cfg, log: log,
-		dec:      &Delivery{names: cfg.Names, platform: string(cfg.Platform), log: log},
+		dec:      &Delivery{names: cfg.Names, platform: string(cfg.Platform), log: log, tracer: telemetry.Tracer(cfg.TracerProvider)},
 		lastSend: map[string]time.Time{},
 	}, nil
 }
@@ -349,6 +359,8 @@ func (d *PlatformDelivery) handle(ctx context.Context, msg jetstream.Msg) {
 	})
 	defer hb.Wait()
 	defer close(hbDone)
+	ctx, end := d.dec.traceDelivery(ctx, msg)
+	defer end()
 	d.deliverReply(ctx, msg)
 }
 
@@ -413,6 +425,12 @@ func (d *PlatformDelivery) deliverReply(ctx context.Context, msg jetstream.Msg) 
 		}
 		attempts++
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.SendTimeout)
+		var span trace.Span
+		if d.dec.tracer != nil {
+			sctx, span = d.dec.tracer.Start(sctx, "platform send", trace.WithSpanKind(trace.SpanKindClient),
+				trace.WithAttributes(telemetry.AttrPlatform.String(string(d.cfg.Platform)), attribute.Int("agentfleet.chunk", i),
+					attribute.Int("agentfleet.attempt", attempts), attribute.Bool("agentfleet.edit", edit)))
+		}
 		var err error
 		if edit {
 			// Replaces the streamed text: an edit is idempotent, so it
@@ -421,7 +439,9 @@ func (d *PlatformDelivery) deliverReply(ctx context.Context, msg jetstream.Msg) 
 		} else {
 			err = d.cfg.Sender.Send(sctx, target, text)
 		}
+		endSpan(span, err)
 		cancel()
+		d.cfg.Metrics.DeliveryAttempt(ctx, string(d.cfg.Platform), err)
 		d.lastSend[target.ChatID] = time.Now()
 		if err == nil {
 			st.Sent, st.Inflight = i+1, -1
@@ -533,6 +553,7 @@ func (d *PlatformDelivery) giveUp(ctx context.Context, msg jetstream.Msg, lane s
 		}
 		backoff = min(2*backoff, deliveryBackoffMax)
 	}
+	d.cfg.Metrics.DeliveryGivenUp(ctx, string(d.cfg.Platform))
 	d.log.LogAttrs(ctx, slog.LevelError, "reply delivery failed; given up",
 		slog.String("reply_id", rep.ID), slog.String("session_key", rep.SessionKey),
 		slog.Uint64("outbox_seq", outSeq), slog.Int("attempts", attempts), slog.Any("error", cause))

@@ -17,10 +17,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 )
 
 // Defaults of Config.
@@ -69,6 +71,10 @@ type Config struct {
 	// once; one more is answered 429. A client is its bearer token when
 	// it sends one, else its IP address. Defaults to 256.
 	MaxReadersPerClient int
+	// TracerProvider traces the requests and the inbox publishes, and
+	// puts the trace context in the inbox messages' headers. Nil: no
+	// spans (a client's traceparent is not passed on either).
+	TracerProvider trace.TracerProvider
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -120,6 +126,7 @@ type Server struct {
 	names  broker.Names
 	log    *slog.Logger
 	msgIDs *kv.MsgIDs
+	tracer trace.Tracer
 
 	// tokenSum is the SHA-256 of Config.Token, compared in constant time.
 	tokenSum [sha256.Size]byte
@@ -161,6 +168,7 @@ func New(js jetstream.JetStream, res *broker.Resources, cfg Config) (*Server, er
 		names:  cfg.Names,
 		log:    cfg.Logger,
 		msgIDs: kv.NewMsgIDs(res),
+		tracer: telemetry.Tracer(cfg.TracerProvider),
 	}
 	s.tokenSum = sha256.Sum256([]byte(cfg.Token))
 	nc := js.Conn()

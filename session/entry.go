@@ -119,6 +119,10 @@ type TurnIntent struct {
 	Owner     string    `json:"owner,omitempty"`
 	Epoch     uint64    `json:"epoch,omitempty"`
 	StartedAt time.Time `json:"started_at"`
+	// TraceParent is the W3C traceparent of the span of the turn's latest
+	// attempt, when it was traced: the attempt that resumes an interrupted
+	// one links to it, on whichever worker it runs.
+	TraceParent string `json:"trace_parent,omitempty"`
 }
 
 // SetOrigin records src as the entry's origin, and its chat name, when it

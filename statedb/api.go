@@ -44,12 +44,15 @@ type SearchResponse struct {
 }
 
 // SessionsRequest lists sessions, newest first (ended ones included unless
-// ActiveOnly).
+// ActiveOnly), optionally only one lane's (Lane) and only titled ones
+// (Titled): the list /resume shows.
 type SessionsRequest struct {
 	Source     string `json:"source,omitempty"`
 	Limit      int    `json:"limit,omitempty"`
 	Offset     int    `json:"offset,omitempty"`
 	ActiveOnly bool   `json:"active_only,omitempty"`
+	Lane       string `json:"lane,omitempty"`
+	Titled     bool   `json:"titled,omitempty"`
 }
 
 // SessionsResponse answers a sessions request.
@@ -184,7 +187,7 @@ func (a *API) handler(name string, h func(context.Context, []byte) (any, error))
 				code = "400"
 			}
 			if code == "500" {
-				a.log.Warn("api request failed", "endpoint", name, "err", err)
+				a.log.Warn("api request failed", "endpoint", name, "error", err)
 			}
 			_ = req.Error(code, err.Error(), nil)
 			return
@@ -224,7 +227,8 @@ func (a *API) sessions(ctx context.Context, data []byte) (any, error) {
 	if err := decode(data, &r); err != nil {
 		return nil, err
 	}
-	list, err := a.db.ListSessions(ctx, ListOptions{Source: r.Source, Limit: r.Limit, Offset: r.Offset, ActiveOnly: r.ActiveOnly})
+	list, err := a.db.ListSessions(ctx, ListOptions{Source: r.Source, Limit: r.Limit, Offset: r.Offset, ActiveOnly: r.ActiveOnly,
+		Lane: r.Lane, Titled: r.Titled})
 	if err != nil {
 		return nil, err
 	}

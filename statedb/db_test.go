@@ -208,6 +208,58 @@ func TestSearchCJKAndSubstring(t *testing.T) {
 	if err != nil || len(res) != 0 {
 		t.Fatalf("absent CJK: %v %v", res, err)
 	}
+	// Words the word index holds keep its answer, even an empty one: no
+	// substring search behind it ("quick" and "done" are words here, and
+	// never in one message as words; "quickly done" holds them only as
+	// parts of words).
+	mustAppend(t, db, statedb.NewMessage{SessionID: "s", Role: "user", Content: "quickly done"})
+	if res, err := db.SearchMessages(ctx, "quick done", statedb.SearchOptions{}); err != nil || len(res) != 0 {
+		t.Fatalf("two indexed words never together: %+v %v", res, err)
+	}
+	// A fragment that is no word of the index is searched as a substring.
+	if res, err := db.SearchMessages(ctx, "quickl done", statedb.SearchOptions{}); err != nil || len(res) != 1 || res[0].Snippet == "" {
+		t.Fatalf("fragment and word: %+v %v", res, err)
+	}
+}
+
+func TestSearchPagesRankedCandidates(t *testing.T) {
+	t.Parallel()
+	db := openTemp(t)
+	ctx := context.Background()
+	mustSession(t, db, statedb.NewSession{ID: "s", Source: "cli"})
+	for i := 0; i < 30; i++ {
+		// Messages with more occurrences of the word rank higher (bm25).
+		mustAppend(t, db, statedb.NewMessage{SessionID: "s", Role: "user",
+			Content: strings.Repeat("needle ", 1+i%5) + strings.Repeat("hay ", 20)})
+	}
+	all, err := db.SearchMessages(ctx, "needle", statedb.SearchOptions{Limit: 30})
+	if err != nil || len(all) != 30 {
+		t.Fatalf("all: %d %v", len(all), err)
+	}
+	for i, r := range all {
+		if !strings.Contains(r.Snippet, ">>>needle<<<") {
+			t.Fatalf("result %d snippet %q", i, r.Snippet)
+		}
+		if i > 0 && strings.Count(all[i-1].Snippet, ">>>") < strings.Count(r.Snippet, ">>>") {
+			t.Fatalf("result %d (%q) ranks below one with fewer matches (%q)", i, r.Snippet, all[i-1].Snippet)
+		}
+	}
+	var paged []statedb.SearchResult
+	for off := 0; off < 30; off += 7 {
+		p, err := db.SearchMessages(ctx, "needle", statedb.SearchOptions{Limit: 7, Offset: off})
+		if err != nil {
+			t.Fatal(err)
+		}
+		paged = append(paged, p...)
+	}
+	if len(paged) != 30 {
+		t.Fatalf("pages hold %d results, want 30", len(paged))
+	}
+	for i := range paged {
+		if paged[i].ID != all[i].ID {
+			t.Fatalf("page order differs at %d: %d vs %d", i, paged[i].ID, all[i].ID)
+		}
+	}
 }
 
 func TestTitlesUniqueAndLineage(t *testing.T) {

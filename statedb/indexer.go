@@ -184,7 +184,7 @@ func (ix *Indexer) Run(ctx context.Context) error {
 		if errors.As(err, &fatal) {
 			return fatal.err
 		}
-		ix.log.Warn("indexer restarting", "err", err, "pause", pause)
+		ix.log.Warn("indexer restarting", "error", err, "pause", pause)
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
@@ -357,7 +357,12 @@ func (ix *Indexer) runOnce(ctx context.Context) error {
 			armed = false
 			flush = true
 		}
-		if m.len() >= ix.cfg.BatchSize {
+		// A full batch goes at once only when the merge can release it
+		// without waiting for the other stream (a batch cut short there
+		// would make the next arrival of that stream flush a few rows at a
+		// time, each its own transaction and FTS segment); the rest goes
+		// when the timer fires.
+		if m.ready(ix.cfg.BatchSize) >= ix.cfg.BatchSize {
 			flush = true
 		}
 		if !flush {
@@ -367,16 +372,22 @@ func (ix *Indexer) runOnce(ctx context.Context) error {
 			}
 			continue
 		}
-		batch, err := m.take(ctx, ix.cfg.BatchSize)
-		if err != nil {
-			return err
-		}
-		if len(batch) > 0 {
-			if err := ix.apply(ctx, batch); err != nil {
+		// Full batches follow each other while the merge releases them.
+		for {
+			batch, err := m.take(ctx, ix.cfg.BatchSize)
+			if err != nil {
 				return err
 			}
-			for _, d := range batch {
-				_ = d.msg.Ack()
+			if len(batch) > 0 {
+				if err := ix.apply(ctx, batch); err != nil {
+					return err
+				}
+				for _, d := range batch {
+					_ = d.msg.Ack()
+				}
+			}
+			if len(batch) < ix.cfg.BatchSize {
+				break
 			}
 		}
 		if !armed && m.len() > 0 {
@@ -405,6 +416,22 @@ func (m *merger) add(d delivery) {
 }
 
 func (m *merger) len() int { return len(m.pend[0]) + len(m.pend[1]) }
+
+// ready counts, up to n, the deliveries take releases without asking
+// whether a stream is drained: those stored before the other stream's
+// oldest pending one.
+func (m *merger) ready(n int) int {
+	a, b := m.pend[0], m.pend[1]
+	i, j := 0, 0
+	for i < len(a) && j < len(b) && i+j < n {
+		if b[j].at.Before(a[i].at) {
+			j++
+		} else {
+			i++
+		}
+	}
+	return i + j
+}
 
 // drained reports whether every message of stream s stored so far has been
 // received: its consumer has nothing pending and delivered nothing beyond
@@ -471,8 +498,8 @@ var testHookInBatch func()
 
 // sessionInfo is what the KV index says about a session id.
 type sessionInfo struct {
-	source, userID, parent, title string
-	created                       time.Time
+	source, userID, parent, title, lane string
+	created                             time.Time
 }
 
 // apply writes one batch in one transaction, cursors included.
@@ -496,7 +523,7 @@ func (ix *Indexer) apply(ctx context.Context, batch []delivery) error {
 			it.sid = strings.TrimPrefix(subj, ix.cfg.Names.TranscriptWildcard()[:len(ix.cfg.Names.TranscriptWildcard())-1])
 			var e transcript.Entry
 			if err := json.Unmarshal(d.msg.Data(), &e); err != nil {
-				ix.log.Warn("undecodable transcript entry skipped", "subject", subj, "seq", d.seq, "err", err)
+				ix.log.Warn("undecodable transcript entry skipped", "subject", subj, "seq", d.seq, "error", err)
 			} else {
 				e.Seq = d.seq
 				it.entry = &e
@@ -590,11 +617,11 @@ func (ix *Indexer) lookup(ctx context.Context, sid string, first time.Time) sess
 	rec, err := ix.store.LookupIndex(lctx, sid)
 	if err != nil {
 		if !errors.Is(err, kv.ErrNotFound) {
-			ix.log.Warn("session index lookup", "session_id", sid, "err", err)
+			ix.log.Warn("session index lookup", "session_id", sid, "error", err)
 		}
 		return info
 	}
-	info.parent, info.title = rec.ParentSessionID, rec.Title
+	info.parent, info.title, info.lane = rec.ParentSessionID, rec.Title, rec.Lane
 	if !rec.CreatedAt.IsZero() {
 		info.created = rec.CreatedAt
 	}
@@ -644,7 +671,7 @@ func ensureSession(ctx context.Context, tx *sql.Tx, sid string, first time.Time,
 	if !ok {
 		info = sessionInfo{created: first, source: "unknown"}
 	}
-	ns := NewSession{ID: sid, Source: info.source, UserID: info.userID, ParentSessionID: info.parent, StartedAt: info.created}
+	ns := NewSession{ID: sid, Source: info.source, UserID: info.userID, ParentSessionID: info.parent, StartedAt: info.created, Lane: info.lane}
 	if err := createSession(ctx, tx, ns); err != nil {
 		return err
 	}

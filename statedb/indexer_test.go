@@ -249,6 +249,16 @@ func TestIndexerStory(t *testing.T) {
 	if id, _ := db.ResolveSessionByTitle(ctx, "Project"); id != ids.s3 {
 		t.Fatalf("resolve Project = %s", id)
 	}
+	// Each session carries its lane: /resume lists one conversation's
+	// named sessions, ended ones included, newest first.
+	byLane, err := db.ListSessions(ctx, statedb.ListOptions{Lane: session.LaneToken(keyTelegram), Titled: true})
+	if err != nil || len(byLane) != 2 || byLane[0].ID != ids.s2 || byLane[1].ID != ids.s1 || byLane[0].EndedAt == nil ||
+		byLane[0].Lane != session.LaneToken(keyTelegram) {
+		t.Fatalf("sessions of the telegram lane: %+v %v", byLane, err)
+	}
+	if other, err := db.ListSessions(ctx, statedb.ListOptions{Lane: session.LaneToken(keySlack)}); err != nil || len(other) != 1 || other[0].ID != ids.s3 {
+		t.Fatalf("sessions of the slack lane: %+v %v", other, err)
+	}
 
 	// A restart applies nothing twice; new entries are picked up.
 	stop()

@@ -46,6 +46,10 @@ var sessionColumns = []column{
 	{"pricing_version", "TEXT"},
 	{"title", "TEXT"},
 	{"api_call_count", "INTEGER DEFAULT 0"},
+	// lane is the fleet lane (conversation) the session belongs to, from
+	// the session index: /resume lists a lane's sessions by it. An
+	// agentfleet addition, reconciled like any other column.
+	{"lane", "TEXT"},
 }
 
 var messageColumns = []column{
@@ -261,6 +265,11 @@ func reconcileColumns(ctx context.Context, tx *sql.Tx) error {
 				return fmt.Errorf("add column %s.%s: %w", t.name, c.name, err)
 			}
 		}
+	}
+	// The lane index needs the lane column, which an older file gets
+	// from the loop above.
+	if _, err := tx.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS idx_sessions_lane ON sessions(lane, started_at)`); err != nil {
+		return fmt.Errorf("lane index: %w", err)
 	}
 	return nil
 }

@@ -1,10 +1,12 @@
 package statedb
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -196,7 +198,10 @@ func (db *DB) SearchMessages(ctx context.Context, query string, o SearchOptions)
 	} else {
 		res, err = db.ftsSearch(ctx, "messages_fts", q, o)
 		if err == nil && len(res) == 0 && o.Offset == 0 {
-			res, err = db.substringSearch(ctx, query, o)
+			var words bool
+			if words, err = db.allWords(ctx, query); err == nil && !words {
+				res, err = db.substringSearch(ctx, query, o)
+			}
 		}
 	}
 	if err != nil {
@@ -208,6 +213,29 @@ func (db *DB) SearchMessages(ctx context.Context, query string, o SearchOptions)
 		}
 	}
 	return res, nil
+}
+
+// allWords reports whether every term of query is a word (or phrase) the
+// word index holds. When it is, the word index's answer stands even when it
+// is empty (two words that never meet, a phrase nobody wrote): a substring
+// search could only add messages where a term is part of a longer word, and
+// on a large file it costs a scan of the trigram index. A term that is no
+// word of the index (a fragment such as "kube" of "kubernetes", a typo) is
+// what the substring search is for. Each check reads the first row of one
+// doclist.
+func (db *DB) allWords(ctx context.Context, query string) (bool, error) {
+	for _, t := range searchTerms(query) {
+		var one int
+		err := db.r.QueryRowContext(ctx, `SELECT 1 FROM messages_fts WHERE messages_fts MATCH ? LIMIT 1`,
+			`"`+strings.ReplaceAll(t, `"`, `""`)+`"`).Scan(&one)
+		if err == sql.ErrNoRows {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("search %q: %w", query, err)
+		}
+	}
+	return true, nil
 }
 
 func (o SearchOptions) filters() (string, []any) {
@@ -249,39 +277,108 @@ func (db *DB) ftsSearch(ctx context.Context, table, match string, o SearchOption
 
 // rankedSearch runs match on an FTS table (plus extra conditions on m),
 // ranks the bounded candidates and fills each result's snippet.
+//
+// It costs three statements whatever the number of matches: the candidate
+// scan (the FTS table is the outer loop, walked newest rowid first, so the
+// candidate LIMIT stops it early; bm25 is computed for the candidates
+// only), then, for the page of results alone, one statement for their
+// sessions and one for their snippets. FTS5 prepares a MATCH (for a prefix
+// query, the merge of every term it expands to) once per statement, so the
+// snippets are never asked for one row at a time.
 func (db *DB) rankedSearch(ctx context.Context, table, match, extra string, extraArgs []any, o SearchOptions, mark func(string) string) ([]SearchResult, error) {
 	filters, args := o.filters()
-	// CROSS JOIN keeps the FTS table the outer loop, so the rowid order is
-	// the index's own and the candidate LIMIT stops the scan early.
-	q := `WITH cand AS (
-		SELECT f.rowid AS id, f.rank AS rank FROM ` + table + ` f
+	q := `SELECT f.rowid, f.rank FROM ` + table + ` f
 			CROSS JOIN messages m ON m.id = f.rowid CROSS JOIN sessions s ON s.id = m.session_id
 		WHERE ` + table + ` MATCH ? AND m.deleted_at IS NULL` + filters + extra + `
-		ORDER BY f.rowid DESC LIMIT ?)
-	SELECT m.id, m.session_id, m.role, m.timestamp, '', s.source, s.model, s.title, s.started_at
-	FROM cand JOIN messages m ON m.id = cand.id JOIN sessions s ON s.id = m.session_id
-	ORDER BY cand.rank, m.id DESC LIMIT ? OFFSET ?`
+		ORDER BY f.rowid DESC LIMIT ?`
 	all := append([]any{match}, args...)
-	all = append(append(all, extraArgs...), candidateCap, o.Limit, o.Offset)
+	all = append(append(all, extraArgs...), candidateCap)
 	rows, err := db.r.QueryContext(ctx, q, all...)
 	if err != nil {
 		return nil, fmt.Errorf("search %q: %w", match, err)
 	}
-	res, err := scanResults(rows, nil)
+	type cand struct {
+		id   int64
+		rank float64
+	}
+	var cands []cand
+	for rows.Next() {
+		var c cand
+		if err := rows.Scan(&c.id, &c.rank); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		cands = append(cands, c)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("search %q: %w", match, err)
+	}
+	// bm25 is lower for better matches; ties go to the newer message.
+	slices.SortFunc(cands, func(a, b cand) int {
+		if c := cmp.Compare(a.rank, b.rank); c != 0 {
+			return c
+		}
+		return cmp.Compare(b.id, a.id)
+	})
+	if o.Offset >= len(cands) {
+		return []SearchResult{}, nil
+	}
+	cands = cands[o.Offset:min(o.Offset+o.Limit, len(cands))]
+	ids := make([]any, len(cands))
+	for i, c := range cands {
+		ids[i] = c.id
+	}
+	in := placeholders(len(ids))
+	rows, err = db.r.QueryContext(ctx, `SELECT m.id, m.session_id, m.role, m.timestamp, '', s.source, s.model, s.title, s.started_at
+		FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.id IN (`+in+`)`, ids...)
+	if err != nil {
+		return nil, fmt.Errorf("search %q: %w", match, err)
+	}
+	found, err := scanResults(rows, nil)
 	rows.Close()
 	if err != nil {
 		return nil, err
 	}
-	for i := range res {
+	byID := make(map[int64]*SearchResult, len(found))
+	for i := range found {
+		byID[found[i].ID] = &found[i]
+	}
+	// One MATCH over the rowid range of the page (FTS5 would run the
+	// MATCH again for each value of an IN list), the snippet computed for
+	// the page's rows only.
+	lo, hi := cands[0].id, cands[0].id
+	for _, c := range cands {
+		lo, hi = min(lo, c.id), max(hi, c.id)
+	}
+	snipArgs := append(append([]any{}, ids...), match, lo, hi)
+	rows, err = db.r.QueryContext(ctx, `SELECT rowid, CASE WHEN rowid IN (`+in+`) THEN snippet(`+table+`, -1, '>>>', '<<<', '...', 40) END FROM `+table+
+		` WHERE `+table+` MATCH ? AND rowid BETWEEN ? AND ?`, snipArgs...)
+	if err != nil {
+		return nil, fmt.Errorf("search %q: snippets: %w", match, err)
+	}
+	for rows.Next() {
+		var id int64
 		var snip sql.NullString
-		err := db.r.QueryRowContext(ctx, `SELECT snippet(`+table+`, -1, '>>>', '<<<', '...', 40) FROM `+table+
-			` WHERE `+table+` MATCH ? AND rowid = ?`, match, res[i].ID).Scan(&snip)
-		if err != nil && err != sql.ErrNoRows {
+		if err := rows.Scan(&id, &snip); err != nil {
+			rows.Close()
 			return nil, err
 		}
-		res[i].Snippet = snip.String
-		if mark != nil {
-			res[i].Snippet = mark(res[i].Snippet)
+		if r := byID[id]; r != nil && snip.Valid {
+			r.Snippet = snip.String
+			if mark != nil {
+				r.Snippet = mark(r.Snippet)
+			}
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("search %q: snippets: %w", match, err)
+	}
+	res := make([]SearchResult, 0, len(cands))
+	for _, c := range cands {
+		if r := byID[c.id]; r != nil {
+			res = append(res, *r)
 		}
 	}
 	return res, nil

@@ -42,6 +42,8 @@ type Session struct {
 	PricingVersion   string     `json:"pricing_version,omitempty"`
 	Title            string     `json:"title,omitempty"`
 	APICallCount     int64      `json:"api_call_count"`
+	// Lane is the fleet lane (conversation) of the session, when known.
+	Lane string `json:"lane,omitempty"`
 
 	// Preview and LastActive are filled by ListSessions: the first user
 	// message (63 characters) and the newest message time.
@@ -52,23 +54,23 @@ type Session struct {
 const sessionCols = `id, source, user_id, model, model_config, system_prompt, parent_session_id, started_at, ended_at, end_reason,
 	message_count, tool_call_count, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens,
 	billing_provider, billing_base_url, billing_mode, estimated_cost_usd, actual_cost_usd, cost_status, cost_source,
-	pricing_version, title, api_call_count`
+	pricing_version, title, api_call_count, lane`
 
 type scanner interface{ Scan(dest ...any) error }
 
 func scanSession(sc scanner, extra ...any) (*Session, error) {
 	var s Session
-	var userID, model, modelCfg, sysPrompt, parent, endReason, bProv, bURL, bMode, cStatus, cSource, pVer, title sql.NullString
+	var userID, model, modelCfg, sysPrompt, parent, endReason, bProv, bURL, bMode, cStatus, cSource, pVer, title, lane sql.NullString
 	var started float64
 	var ended, est, act sql.NullFloat64
 	var mc, tc, in, out, cr, cw, rt, api sql.NullInt64
 	dest := []any{&s.ID, &s.Source, &userID, &model, &modelCfg, &sysPrompt, &parent, &started, &ended, &endReason,
-		&mc, &tc, &in, &out, &cr, &cw, &rt, &bProv, &bURL, &bMode, &est, &act, &cStatus, &cSource, &pVer, &title, &api}
+		&mc, &tc, &in, &out, &cr, &cw, &rt, &bProv, &bURL, &bMode, &est, &act, &cStatus, &cSource, &pVer, &title, &api, &lane}
 	if err := sc.Scan(append(dest, extra...)...); err != nil {
 		return nil, err
 	}
 	s.UserID, s.Model, s.ModelConfig, s.SystemPrompt = userID.String, model.String, modelCfg.String, sysPrompt.String
-	s.ParentSessionID, s.EndReason, s.Title = parent.String, endReason.String, title.String
+	s.ParentSessionID, s.EndReason, s.Title, s.Lane = parent.String, endReason.String, title.String, lane.String
 	s.BillingProvider, s.BillingBaseURL, s.BillingMode = bProv.String, bURL.String, bMode.String
 	s.CostStatus, s.CostSource, s.PricingVersion = cStatus.String, cSource.String, pVer.String
 	s.StartedAt = fromUnix(started)
@@ -119,6 +121,8 @@ type NewSession struct {
 	StartedAt time.Time
 	// Title, when set, is stored with the session (it must be unique).
 	Title string
+	// Lane is the fleet lane the session belongs to (optional).
+	Lane string
 }
 
 // execer is a *sql.Tx or a *sql.DB.
@@ -145,9 +149,9 @@ func createSession(ctx context.Context, ex execer, s NewSession) error {
 	if t := cleanTitle(s.Title); t != "" {
 		title = t
 	}
-	_, err := ex.ExecContext(ctx, `INSERT OR IGNORE INTO sessions (id, source, user_id, model, model_config, system_prompt, parent_session_id, started_at, title)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, s.ID, s.Source, nullStr(s.UserID), nullStr(s.Model), nullStr(s.ModelConfig),
-		nullStr(s.SystemPrompt), nullStr(s.ParentSessionID), unix(s.StartedAt), title)
+	_, err := ex.ExecContext(ctx, `INSERT OR IGNORE INTO sessions (id, source, user_id, model, model_config, system_prompt, parent_session_id, started_at, title, lane)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, s.ID, s.Source, nullStr(s.UserID), nullStr(s.Model), nullStr(s.ModelConfig),
+		nullStr(s.SystemPrompt), nullStr(s.ParentSessionID), unix(s.StartedAt), title, nullStr(s.Lane))
 	if isUniqueTitle(err) {
 		return fmt.Errorf("%w: %q", ErrTitleTaken, s.Title)
 	}
@@ -350,6 +354,10 @@ type ListOptions struct {
 	Offset int
 	// ActiveOnly keeps sessions that have not ended.
 	ActiveOnly bool
+	// Lane keeps the sessions of one fleet lane (conversation).
+	Lane string
+	// Titled keeps sessions that have a title.
+	Titled bool
 }
 
 func (o ListOptions) where() (string, []any) {
@@ -367,6 +375,13 @@ func (o ListOptions) where() (string, []any) {
 	}
 	if o.ActiveOnly {
 		conds = append(conds, "s.ended_at IS NULL")
+	}
+	if o.Lane != "" {
+		conds = append(conds, "s.lane = ?")
+		args = append(args, o.Lane)
+	}
+	if o.Titled {
+		conds = append(conds, "s.title IS NOT NULL")
 	}
 	if len(conds) == 0 {
 		return "", nil

@@ -29,6 +29,10 @@ const (
 	MetricAgentTokens      = "agentfleet.agent.tokens"
 	MetricDeliveryAttempts = "agentfleet.delivery.attempts"
 	MetricDeliveryFailures = "agentfleet.delivery.failures"
+	MetricReplyLatency     = "agentfleet.reply.latency"
+	MetricDeliveryGivenUp  = "agentfleet.delivery.given_up"
+	MetricAgentCost        = "agentfleet.agent.cost"
+	MetricLeaseLost        = "agentfleet.lease.lost"
 )
 
 // The attribute keys of the fleet's instruments.
@@ -51,6 +55,12 @@ type Metrics struct {
 	redeliveries, leaseAcquired, leaseTakeovers  metric.Int64Counter
 	cacheHits, cacheMisses, cacheEvictions       metric.Int64Counter
 	agentTokens, deliveryAttempts, deliveryFails metric.Int64Counter
+
+	replyLatency metric.Float64Histogram
+	agentCost    metric.Float64Counter
+	leaseLost    metric.Int64Counter
+	meter        metric.Meter
+	givenUp      metric.Int64Counter
 
 	tokensIn, tokensOut metric.MeasurementOption
 }
@@ -77,18 +87,69 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 		agentTokens:      counter(MetricAgentTokens, "{token}", "Tokens the agents reported, by gen_ai.token.type."),
 		deliveryAttempts: counter(MetricDeliveryAttempts, "{attempt}", "Reply delivery attempts, per platform."),
 		deliveryFails:    counter(MetricDeliveryFailures, "{attempt}", "Reply delivery attempts that failed, per platform."),
+		givenUp:          counter(MetricDeliveryGivenUp, "{reply}", "Replies given up after their retry budget (attempts or age) ran out, per platform."),
 	}
 	h, err := m.Float64Histogram(MetricTurnDuration, metric.WithUnit("s"),
 		metric.WithDescription("Time from a turn's start to its commit, by status."),
 		metric.WithExplicitBucketBoundaries(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
 	errs = append(errs, err)
 	x.turnDuration = h
+	h, err = m.Float64Histogram(MetricReplyLatency, metric.WithUnit("s"),
+		metric.WithDescription("Time from the ingress's acceptance of a turn's first message to the publish of the turn's reply."),
+		metric.WithExplicitBucketBoundaries(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
+	errs = append(errs, err)
+	x.replyLatency = h
+	x.meter = m
+	x.leaseLost = counter(MetricLeaseLost, "{lease}", "Lane leases a live worker lost (taken over or expired while it was running): a spurious takeover when the worker was healthy.")
+	cost, err := m.Float64Counter(MetricAgentCost, metric.WithUnit("USD"),
+		metric.WithDescription("Estimated cost the agents reported, in US dollars (turns whose cost is unknown add nothing)."))
+	errs = append(errs, err)
+	x.agentCost = cost
 	x.tokensIn = metric.WithAttributeSet(attribute.NewSet(AttrTokenType.String("input")))
 	x.tokensOut = metric.WithAttributeSet(attribute.NewSet(AttrTokenType.String("output")))
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	x.zero()
 	return x, nil
+}
+
+// TurnStatuses are the turn_end statuses the ended-turns counter shows from
+// the start, at zero until a turn ends so.
+var TurnStatuses = []string{"completed", "failed", "interrupted", "stopped", "dead_lettered"}
+
+// zero adds 0 to every counter with the attribute sets known up front, so
+// that /metrics shows each series from the start: an alert on a rate or
+// an increase sees the first event, and a dashboard references no series
+// that is not there yet.
+func (x *Metrics) zero() {
+	ctx := context.Background()
+	for _, c := range []metric.Int64Counter{x.turnsStarted, x.turnsResumed, x.redeliveries, x.leaseAcquired,
+		x.leaseTakeovers, x.cacheHits, x.cacheMisses, x.cacheEvictions} {
+		c.Add(ctx, 0)
+	}
+	for _, s := range TurnStatuses {
+		x.turnsEnded.Add(ctx, 0, metric.WithAttributeSet(attribute.NewSet(AttrTurnStatus.String(s))))
+	}
+	for _, r := range []string{"taken", "expired"} {
+		x.leaseLost.Add(ctx, 0, metric.WithAttributeSet(attribute.NewSet(attribute.String("agentfleet.lease.loss_reason", r))))
+	}
+	x.agentTokens.Add(ctx, 0, x.tokensIn)
+	x.agentTokens.Add(ctx, 0, x.tokensOut)
+	x.agentCost.Add(ctx, 0)
+}
+
+// PlatformDelivery shows the delivery counters of platform from the start
+// (at zero); a delivery consumer calls it when it is set up.
+func (m *Metrics) PlatformDelivery(platform string) {
+	if m == nil {
+		return
+	}
+	ctx := context.Background()
+	opt := metric.WithAttributeSet(attribute.NewSet(AttrPlatform.String(platform)))
+	m.deliveryAttempts.Add(ctx, 0, opt)
+	m.deliveryFails.Add(ctx, 0, opt)
+	m.givenUp.Add(ctx, 0, opt)
 }
 
 // TurnStarted counts a turn (or a resumed attempt of one) starting.
@@ -184,5 +245,37 @@ func (m *Metrics) DeliveryAttempt(ctx context.Context, platform string, err erro
 	m.deliveryAttempts.Add(ctx, 1, opt)
 	if err != nil {
 		m.deliveryFails.Add(ctx, 1, opt)
+	}
+}
+
+// ReplyLatency records the time from a turn's first message's acceptance
+// to its reply's publish.
+func (m *Metrics) ReplyLatency(ctx context.Context, d time.Duration) {
+	if m != nil {
+		m.replyLatency.Record(ctx, d.Seconds())
+	}
+}
+
+// DeliveryGivenUp counts a reply to platform given up: its retry budget
+// ran out, or the platform refused it for good.
+func (m *Metrics) DeliveryGivenUp(ctx context.Context, platform string) {
+	if m != nil {
+		m.givenUp.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(AttrPlatform.String(platform))))
+	}
+}
+
+// AgentCost adds a turn's estimated cost in US dollars (nothing when zero
+// or negative).
+func (m *Metrics) AgentCost(ctx context.Context, usd float64) {
+	if m != nil && usd > 0 {
+		m.agentCost.Add(ctx, usd)
+	}
+}
+
+// LeaseLost counts a lane lease a running worker lost; reason is "taken"
+// (another owner holds it) or "expired" (it could not be renewed in time).
+func (m *Metrics) LeaseLost(ctx context.Context, reason string) {
+	if m != nil {
+		m.leaseLost.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(attribute.String("agentfleet.lease.loss_reason", reason))))
 	}
 }

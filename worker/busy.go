@@ -82,7 +82,7 @@ func (l *lane) answerReadOnly(ctx context.Context, st *txState, intent *session.
 		case m.kind == session.KindInternal && m.body.Command == session.CmdWake:
 		case m.kind == session.KindCommand && session.ReadOnlyCommand(m.body.Command):
 			if err := l.answerEarly(st, m); err != nil {
-				l.log.Warn("answer read-only command", "seq", m.seq, "err", err)
+				l.log.Warn("answer read-only command", "seq", m.seq, "error", err)
 				return
 			}
 		default:

@@ -143,7 +143,7 @@ func (l *lane) runCommandIntent(intent *session.TurnIntent, msgs []inboxMsg) err
 	}
 	if intent.ForkFrom != "" {
 		if err := l.copyFork(st, intent); err != nil {
-			l.log.Warn("fork session", "from", intent.ForkFrom, "err", err)
+			l.log.Warn("fork session", "from", intent.ForkFrom, "error", err)
 			return l.failed(err)
 		}
 	}
@@ -280,6 +280,7 @@ func (l *lane) commandEffect(st *txState, intent *session.TurnIntent, m inboxMsg
 type namedSession struct {
 	id, title string
 	created   time.Time
+	ended     bool // known from the state database
 }
 
 // namedSessions lists the lane's other sessions that have a title, newest
@@ -296,7 +297,7 @@ func (l *lane) namedSessions() []namedSession {
 		}
 		out = append(out, namedSession{id: sid, title: rec.Title, created: rec.CreatedAt})
 	}
-	return out
+	return l.withStateDB(out)
 }
 
 // resumeTarget resolves the argument of /resume to a session id: N picks
@@ -339,7 +340,11 @@ func (l *lane) lineage(asked string) string {
 	}
 	b.WriteString("Named sessions of this conversation:\n")
 	for i, n := range named {
-		fmt.Fprintf(&b, "%d. %s (%s, %s)\n", i+1, n.title, n.id, n.created.Format(time.RFC3339))
+		ended := ""
+		if n.ended {
+			ended = ", ended"
+		}
+		fmt.Fprintf(&b, "%d. %s (%s, %s%s)\n", i+1, n.title, n.id, n.created.Format(time.RFC3339), ended)
 	}
 	b.WriteString("Use /resume N to switch to one (or /resume <id or title>).")
 	return b.String()
@@ -508,6 +513,9 @@ func (l *lane) findTitle(title string) string {
 		if strings.EqualFold(b, base) && (!exact || m == n) {
 			return sid
 		}
+	}
+	if sid := l.titleFromStateDB(title); sid != "" {
+		return sid
 	}
 	return title
 }

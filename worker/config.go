@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/config"
@@ -99,6 +101,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics records the worker's metrics; nil records nothing.
 	Metrics *telemetry.Metrics
+	// TracerProvider traces deliveries and turns, continuing the trace
+	// the ingress put in each inbox message's headers; nil traces nothing.
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) withDefaults() (Config, error) {

@@ -37,5 +37,7 @@
 // entries). worker.go is the Worker itself (dispatch of deliveries to
 // lanes, drain, stop); config.go its Config (knobs the configuration file
 // has default to config.Default); errors.go holds the sentinels, faults.go
-// the crash and pause points the fault tests use.
+// the crash and pause points the fault tests use; tracing.go continues the
+// ingress's trace through a lane's deliveries and turns (spans, the turn's
+// log attributes, the reply latency).
 package worker

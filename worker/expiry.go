@@ -63,7 +63,7 @@ func (w *Worker) watchLeaseExpiries(ctx context.Context) error {
 		woke, err := w.wakeIfStranded(ctx, lane)
 		switch {
 		case err != nil && ctx.Err() == nil:
-			w.log.Warn("wake after lease expiry", "lane", lane, "err", err)
+			w.log.Warn("wake after lease expiry", "lane", lane, "error", err)
 		case woke:
 			w.log.Info("lease expired with work pending: lane woken", "lane", lane)
 			w.stats.ExpiryWakes.Add(1)

@@ -48,9 +48,12 @@ func (l *lane) runAutoResume(m inboxMsg) error {
 		return l.commit(m.seq)
 	}
 	st := &step{kind: session.KindInternal, msgs: []inboxMsg{m}}
+	if l.startTurnTrace(st.msgs, "") {
+		defer l.endTurnTrace()
+	}
 	intent, err := l.recordIntent(st)
 	if err != nil {
-		l.log.Warn("record intent", "err", err)
+		l.log.Warn("record intent", "error", err)
 		return l.failed(err)
 	}
 	l.w.event("resume", l.lane, map[string]any{"turn_id": intent.ID, "session_id": intent.SessionID, "attempt": intent.Attempt,

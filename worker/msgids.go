@@ -71,7 +71,7 @@ func (l *lane) duplicate(m inboxMsg) (bool, error) {
 		owner, err = w.msgids.Record(context.WithoutCancel(l.ctx), id, m.seq)
 	}
 	if err != nil {
-		l.log.Warn("record message id", "err", err)
+		l.log.Warn("record message id", "error", err)
 		return false, err
 	}
 	if owner == m.seq {

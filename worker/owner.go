@@ -12,10 +12,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 	"github.com/agentfleet/agentfleet/transcript"
 )
 
@@ -51,6 +53,11 @@ type owner struct {
 	lane    string
 	subject string
 	log     *slog.Logger
+	// logScope adds the running turn's ids to log's lines, the renew
+	// loop's included; tt is the running turn's trace (tracing.go), read by
+	// the agent goroutine's appends and publishes.
+	logScope telemetry.LogScope
+	tt       atomic.Pointer[turnTrace]
 
 	// Held deliveries: guarded by mu.
 	mu     sync.Mutex
@@ -110,17 +117,19 @@ type owner struct {
 
 func newOwner(w *Worker, laneTok string) *owner {
 	p := session.Partition(w.names.Prefix(), laneTok)
-	return &owner{
+	o := &owner{
 		w:       w,
 		lane:    laneTok,
 		subject: w.names.InboxSubject(p, laneTok),
-		log:     w.log.With("lane", laneTok),
 		held:    map[uint64]jetstream.Msg{},
 		signal:  make(chan struct{}, 1),
 		hints:   make(chan struct{}, 1),
 		tx:      map[string]*txState{},
 		agents:  map[string]agent.Agent{},
 	}
+	// The lines of a turn carry its session, turn and trace ids.
+	o.log = o.logScope.Logger(w.log.With(telemetry.LaneKey, laneTok))
+	return o
 }
 
 // begin starts an ownership with a freshly acquired lease: it starts the
@@ -231,7 +240,13 @@ func (o *owner) mutate(fn kv.MutateFunc, fenced bool) error {
 // append appends e to a transcript as the owner, fenced on its tail: a
 // conflict means another owner fenced the transcript, so the lane is lost.
 func (o *owner) append(st *txState, e *transcript.Entry) error {
+	end := nopEnd
+	if o.w.tracer != nil {
+		_, end = o.childSpan(context.Background(), "transcript append", attribute.String("agentfleet.entry.role", e.Role),
+			attribute.String("agentfleet.entry.kind", e.Kind))
+	}
 	err := o.appendTo(st, e)
+	end(err)
 	if errors.Is(err, transcript.ErrConflict) {
 		o.lost.Store(true)
 		o.cancel(kv.ErrLeaseLost)
@@ -343,6 +358,7 @@ func (o *owner) renewLoop(done chan struct{}) {
 			continue
 		}
 		if errors.Is(err, kv.ErrLeaseLost) {
+			w.cfg.Metrics.LeaseLost(context.Background(), "taken")
 			o.log.Warn("lease lost")
 			o.lost.Store(true)
 			o.cancel(kv.ErrLeaseLost)
@@ -351,8 +367,9 @@ func (o *owner) renewLoop(done chan struct{}) {
 		if o.ctx.Err() != nil {
 			return
 		}
-		o.log.Warn("renew lease", "err", err)
+		o.log.Warn("renew lease", "error", err)
 		if !o.alive() {
+			w.cfg.Metrics.LeaseLost(context.Background(), "expired")
 			o.lost.Store(true)
 			o.cancel(kv.ErrLeaseLost)
 			return
@@ -471,14 +488,14 @@ func (o *owner) release() {
 		e.Owner = ""
 		return e, nil
 	}, true); err != nil && !errors.Is(err, kv.ErrLeaseLost) {
-		o.log.Warn("release entry", "err", err)
+		o.log.Warn("release entry", "error", err)
 	}
 	o.cancel(errHardStop)
 	// The renew loop may be inside a Renew that writes the lease's
 	// revision: let it end before the release reads it.
 	<-o.renewDone
 	if err := w.leases.Release(context.WithoutCancel(w.hardCtx), o.lease); err != nil {
-		o.log.Warn("release lease", "err", err)
+		o.log.Warn("release lease", "error", err)
 	}
 	handOver := o.entry != nil && o.entry.Turn != nil
 	if !handOver && o.entry != nil && w.draining() {
@@ -494,7 +511,7 @@ func (o *owner) release() {
 		// the lane now rather than after their delay.
 		wake := fmt.Sprintf("wake:%s:%d:handover", o.lane, o.lease.Epoch)
 		if err := w.publishInternal(context.WithoutCancel(w.hardCtx), o.lane, o.entry.SessionKey, session.CmdWake, "", wake); err != nil {
-			o.log.Warn("handover wake", "err", err)
+			o.log.Warn("handover wake", "error", err)
 		}
 	}
 	committed := uint64(0)

@@ -10,9 +10,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 )
 
 // The owner's view of the lane's inbox: the deliveries held for it, the
@@ -23,6 +25,8 @@ type inboxMsg struct {
 	seq  uint64
 	kind string
 	body session.Inbound
+	// trace is the span context of the message's publish, if traced.
+	trace trace.SpanContext
 }
 
 // peek returns the lane's first inbox message at or after seq, or nil.
@@ -49,11 +53,11 @@ func (o *owner) peek(ctx context.Context, seq uint64) (*inboxMsg, error) {
 }
 
 func (o *owner) decodeInbox(seq uint64, hdr nats.Header, data []byte) *inboxMsg {
-	m := &inboxMsg{seq: seq, kind: hdr.Get(broker.HdrKind)}
+	m := &inboxMsg{seq: seq, kind: hdr.Get(broker.HdrKind), trace: telemetry.SpanContextOf(hdr)}
 	if err := json.Unmarshal(data, &m.body); err != nil {
 		// Ingress never writes this; keep the lane moving with an empty
 		// message rather than wedging it.
-		o.log.Error("undecodable inbox message", "seq", seq, "err", err)
+		o.log.Error("undecodable inbox message", "seq", seq, "error", err)
 		m.body = session.Inbound{Kind: session.KindMessage}
 	}
 	if m.kind == "" {
@@ -181,7 +185,7 @@ func (o *owner) inProgressHeld() {
 // lost signal costs a redelivery, never a message.
 func (o *owner) settled(what string, seq uint64, err error) {
 	if err != nil {
-		o.log.Debug("delivery signal failed", "signal", what, "seq", seq, "err", err)
+		o.log.Debug("delivery signal failed", "signal", what, "seq", seq, "error", err)
 	}
 }
 

@@ -128,12 +128,12 @@ func (l *lane) recoverTurn() error {
 	w.cfg.Metrics.LeaseTakeover(context.Background())
 	st, err := l.txFor(t.SessionID)
 	if err != nil {
-		l.log.Warn("load transcript for recovery", "err", err)
+		l.log.Warn("load transcript for recovery", "error", err)
 		return l.failed(err)
 	}
 	msgs, err := l.readRange(t.FirstSeq, t.LastSeq)
 	if err != nil {
-		l.log.Warn("read turn range", "err", err)
+		l.log.Warn("read turn range", "error", err)
 		return l.failed(err)
 	}
 	src := sourceOf(l.entry, msgs)
@@ -246,7 +246,7 @@ func (l *lane) recoverTurn() error {
 	if t.Kind == session.KindMessage && t.RetryFrom <= t.LastSeq && interrupted < MaxInterruptedTurns-1 && l.busyMode() == BusyInterrupt {
 		joined, err := l.joinAhead(t.LastSeq, msgs)
 		if err != nil {
-			l.log.Warn("read the inbox ahead of the resumed turn", "err", err)
+			l.log.Warn("read the inbox ahead of the resumed turn", "error", err)
 			return l.failed(err)
 		}
 		if len(joined) > len(msgs) {
@@ -324,7 +324,7 @@ func (l *lane) recordAttempt(t *session.TurnIntent, interrupted int, also func(*
 	case err == kv.ErrNoChange:
 		return true, nil
 	case err != nil:
-		l.log.Warn("record recovery", "err", err)
+		l.log.Warn("record recovery", "error", err)
 		return true, l.failed(err)
 	}
 	return false, nil
@@ -427,7 +427,7 @@ func (l *lane) deadLetter(st *txState, t *session.TurnIntent, msgs []inboxMsg, s
 	for _, m := range msgs {
 		raw, err := w.res.Inbox.GetMsg(context.WithoutCancel(l.ctx), m.seq)
 		if err != nil {
-			l.log.Warn("read message to dead-letter", "seq", m.seq, "err", err)
+			l.log.Warn("read message to dead-letter", "seq", m.seq, "error", err)
 			return l.failed(err)
 		}
 		dl := nats.NewMsg(w.names.DeadLetterSubject(l.lane))
@@ -447,7 +447,7 @@ func (l *lane) deadLetter(st *txState, t *session.TurnIntent, msgs []inboxMsg, s
 		_, err = w.js.PublishMsg(ctx, dl, jetstream.WithMsgID(fmt.Sprintf("dlq:%s:%d", w.res.InboxID, m.seq)))
 		cancel()
 		if err != nil {
-			l.log.Warn("dead-letter publish", "err", err)
+			l.log.Warn("dead-letter publish", "error", err)
 			return l.failed(err)
 		}
 	}

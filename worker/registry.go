@@ -89,7 +89,7 @@ func (w *Worker) heartbeatLoop(stop <-chan struct{}) {
 	state := StateRunning
 	for {
 		if err := w.heartbeat(state, 3*every+time.Second); err != nil {
-			w.log.Debug("heartbeat", "err", err)
+			w.log.Debug("heartbeat", "error", err)
 		}
 		select {
 		case <-stop:
@@ -149,7 +149,7 @@ func (w *Worker) othersAlive() bool {
 	defer cancel()
 	recs, err := ListWorkers(ctx, w.res.Workers)
 	if err != nil {
-		w.log.Debug("worker registry", "err", err)
+		w.log.Debug("worker registry", "error", err)
 		return true // unknown: stay quiet rather than alarm users
 	}
 	for _, r := range recs {

@@ -77,7 +77,7 @@ func (l *lane) run() {
 	switch {
 	case errors.Is(err, kv.ErrNotFound):
 	case err != nil:
-		l.log.Warn("read entry", "err", err)
+		l.log.Warn("read entry", "error", err)
 		l.nakHeld(time.Second)
 		return
 	default:
@@ -117,7 +117,7 @@ func (l *lane) run() {
 			return
 		}
 		if err != nil {
-			l.log.Warn("acquire lease", "err", err)
+			l.log.Warn("acquire lease", "error", err)
 			l.nakHeld(time.Second)
 			return
 		}
@@ -135,7 +135,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 	end, err := l.begin(lease)
 	defer end()
 	if err != nil {
-		l.log.Warn("take ownership", "err", err)
+		l.log.Warn("take ownership", "error", err)
 		l.giveUp()
 		return false
 	}
@@ -159,7 +159,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 			if l.ctx.Err() != nil {
 				continue
 			}
-			l.log.Warn("peek", "err", err)
+			l.log.Warn("peek", "error", err)
 			l.wait(time.Second)
 			continue
 		}
@@ -167,7 +167,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 			l.autoCheck = false
 			if l.autoResumeDue() {
 				if err := l.publishAutoResume(); err != nil {
-					l.log.Warn("publish automatic resume", "err", err)
+					l.log.Warn("publish automatic resume", "error", err)
 				}
 				continue
 			}

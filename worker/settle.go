@@ -131,13 +131,13 @@ func (l *lane) settle(st *step, err error) outcome {
 			l.failures = 0
 			return keepOwning
 		} else {
-			l.log.Warn("dead-letter an unrecordable step", "err", derr)
+			l.log.Warn("dead-letter an unrecordable step", "error", derr)
 		}
 	}
 	l.failures++
 	l.noteInPlaceRetry()
 	d := stepRetryDelay(l.failures)
-	l.log.Warn("lane step failed; retrying in place", "failures", l.failures, "retry_in", d, "err", err)
+	l.log.Warn("lane step failed; retrying in place", "failures", l.failures, "retry_in", d, "error", err)
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -201,7 +201,7 @@ func (l *lane) dropUnrecordable(st *step, cause error) error {
 	for _, m := range st.msgs[:1] {
 		raw, err := w.res.Inbox.GetMsg(context.WithoutCancel(l.ctx), m.seq)
 		if err != nil {
-			l.log.Warn("read message to dead-letter", "seq", m.seq, "err", err)
+			l.log.Warn("read message to dead-letter", "seq", m.seq, "error", err)
 			return l.failed(err)
 		}
 		dl := nats.NewMsg(w.names.DeadLetterSubject(l.lane))
@@ -217,7 +217,7 @@ func (l *lane) dropUnrecordable(st *step, cause error) error {
 		_, err = w.js.PublishMsg(ctx, dl, jetstream.WithMsgID(fmt.Sprintf("dlq:%s:%d", w.res.InboxID, m.seq)))
 		cancel()
 		if err != nil {
-			l.log.Warn("dead-letter publish", "seq", m.seq, "err", err)
+			l.log.Warn("dead-letter publish", "seq", m.seq, "error", err)
 			return l.failed(err)
 		}
 	}
@@ -234,7 +234,7 @@ func (l *lane) dropUnrecordable(st *step, cause error) error {
 		}
 	}
 	w.stats.DeadLetters.Add(1)
-	l.log.Warn("step dead-lettered: it cannot be recorded", "first_seq", st.msgs[0].seq, "last_seq", last, "err", cause)
+	l.log.Warn("step dead-lettered: it cannot be recorded", "first_seq", st.msgs[0].seq, "last_seq", last, "error", cause)
 	w.event("deadletter", l.lane, map[string]any{"first_seq": st.msgs[0].seq, "last_seq": last, "reason": reason})
 	return l.commit(last)
 }

@@ -12,6 +12,7 @@ import (
 // run, when it has one.
 func (l *lane) turnEndEvent(t *session.TurnIntent, status string, u *agent.Usage) {
 	l.w.cfg.Metrics.TurnEnded(context.Background(), status, l.turnStarted)
+	l.traceTurnEnd(status)
 	ev := TurnEvent{Type: "end", Lane: l.lane, TurnID: t.ID, SessionID: t.SessionID,
 		Owner: l.w.owner, Epoch: l.lease.Epoch, FirstSeq: t.FirstSeq, LastSeq: t.LastSeq, Attempt: t.Attempt,
 		Status: status, At: time.Now()}

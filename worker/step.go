@@ -140,6 +140,9 @@ func (l *lane) runStep(st *step) error {
 		// The platform message ids are looked up while the intent is
 		// recorded: both are reads or writes of their own buckets, and the
 		// turn needs both before its first append.
+		if l.startTurnTrace(st.msgs, "") {
+			defer l.endTurnTrace()
+		}
 		l.msgids = l.prefetchMsgIDs(st.msgs)
 		defer func() {
 			l.msgids.wait()
@@ -147,7 +150,7 @@ func (l *lane) runStep(st *step) error {
 		}()
 		intent, err := l.recordIntent(st)
 		if err != nil {
-			l.log.Warn("record intent", "err", err)
+			l.log.Warn("record intent", "error", err)
 			return l.failed(err)
 		}
 		return l.execute(intent, st.msgs, false)

@@ -16,6 +16,7 @@ import (
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 	"github.com/agentfleet/agentfleet/transcript"
 )
 
@@ -86,6 +87,7 @@ func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
 		Owner:             w.owner,
 		Epoch:             l.lease.Epoch,
 		StartedAt:         now,
+		TraceParent:       l.turnTraceParent(),
 	}
 	intent.Notes, intent.Notices = l.decisionNotes(dec, policy, src.Platform)
 	// A /queue turn counts the items behind it (the inbox scan is paid by
@@ -131,7 +133,7 @@ func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
 		// Names the ingress did not bound (an older ingress, another
 		// adapter) can make the entry larger than the store takes: record
 		// the turn with the origin's names left out.
-		l.log.Warn("turn intent too large with the source's names; recording it without them", "err", err)
+		l.log.Warn("turn intent too large with the source's names; recording it without them", "error", err)
 		slim := src
 		slim.ChatName, slim.UserName, slim.ChatTopic = "", "", ""
 		err = record(slim)
@@ -146,14 +148,22 @@ func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
 // execute runs an intent to its commit. resumed is true on recovery.
 func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool) error {
 	w := l.w
+	prev := ""
+	if resumed {
+		prev = intent.TraceParent
+	}
+	if l.startTurnTrace(msgs, prev) {
+		defer l.endTurnTrace()
+	}
+	l.traceIntent(intent, resumed)
 	st, err := l.txFor(intent.SessionID)
 	if err != nil {
-		l.log.Warn("load transcript", "err", err)
+		l.log.Warn("load transcript", "error", err)
 		return l.failed(err)
 	}
 	if intent.PreviousSessionID != "" {
 		if err := l.closeOld(intent); err != nil {
-			l.log.Warn("close previous session", "err", err)
+			l.log.Warn("close previous session", "error", err)
 			return l.failed(err)
 		}
 	}
@@ -199,7 +209,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 				// rather than retrying (uncounted) for ever.
 				return l.failTurn(st, intent, src, fmt.Errorf("user message %d is too large for the transcript: %w", m.seq, err))
 			}
-			l.log.Warn("append user entry", "err", err)
+			l.log.Warn("append user entry", "error", err)
 			return l.failed(err)
 		}
 		users = append(users, userMessage(m))
@@ -263,19 +273,27 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 	}
 	if resumed && intent.AgentStarted < intent.Attempt {
 		// Recorded before the agent runs: only an attempt interrupted
-		// from here on counts as interrupted (see recoverTurn).
+		// from here on counts as interrupted (see recoverTurn). The
+		// attempt's span is the one a later resume links to.
+		tp := l.turnTraceParent()
 		if err := l.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 			if e.Turn == nil || e.Turn.ID != intent.ID {
 				return nil, kv.ErrLeaseLost
 			}
 			e.Turn.AgentStarted = intent.Attempt
+			if tp != "" {
+				e.Turn.TraceParent = tp
+			}
 			return e, nil
 		}, true); err != nil {
 			release()
-			l.log.Warn("record agent start", "turn", intent.ID, "err", err)
+			l.log.Warn("record agent start", "turn", intent.ID, "error", err)
 			return l.failed(err)
 		}
 		intent.AgentStarted = intent.Attempt
+		if tp != "" {
+			intent.TraceParent = tp
+		}
 	}
 	em := &emitter{l: l, st: st, intent: intent, src: src, sessionKey: turn.SessionKey}
 	res, runErr, stopCause := l.runAgent(a, em, turn)
@@ -298,7 +316,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 				if tooLarge(err) {
 					return l.failTurn(st, intent, src, fmt.Errorf("the agent's reply is too large for the transcript: %w", err))
 				}
-				l.log.Warn("append reply", "err", err)
+				l.log.Warn("append reply", "error", err)
 				return l.failed(err)
 			}
 			// The reply goes out while the turn's end is appended. The
@@ -356,7 +374,7 @@ func (l *lane) keepPartial(em *emitter, res *agent.Result) error {
 	e := transcript.Entry{ID: id, Kind: transcript.KindMessage, Role: transcript.RoleAssistant, Content: res.Text,
 		Reasoning: res.Reasoning, FinishReason: "interrupted", TurnID: em.intent.ID, Timestamp: l.w.cfg.Now()}
 	if err := l.append(em.st, &e); err != nil && !tooLarge(err) {
-		l.log.Warn("append partial reply", "turn", em.intent.ID, "err", err)
+		l.log.Warn("append partial reply", "turn", em.intent.ID, "error", err)
 		return l.failed(err)
 	}
 	return nil
@@ -398,7 +416,7 @@ func (l *lane) failTurn(st *txState, intent *session.TurnIntent, src session.Ses
 // failTurnUsage is failTurn for a turn whose agent reported usage u.
 func (l *lane) failTurnUsage(st *txState, intent *session.TurnIntent, src session.SessionSource, runErr error, u *agent.Usage) error {
 	l.w.stats.TurnsFailed.Add(1)
-	l.log.Warn("agent failed", "turn", intent.ID, "err", runErr)
+	l.log.Warn("agent failed", "turn", intent.ID, "error", runErr)
 	var pe *agent.PanicError
 	if errors.As(runErr, &pe) {
 		l.log.Error("agent panicked", "turn", intent.ID, "panic", pe.Value, "stack", string(pe.Stack))
@@ -436,7 +454,12 @@ func (l *lane) runAgent(a agent.Agent, em *emitter, turn *agent.Turn) (*agent.Re
 			}
 			done <- o
 		}()
-		o.res, o.err = a.Run(ctx, turn, em)
+		actx, end := ctx, nopEnd
+		if w.tracer != nil {
+			actx, end = l.childSpan(ctx, "agent run", telemetry.AttrTurnAttempt.Int(turn.Attempt))
+		}
+		defer func() { end(o.err) }()
+		o.res, o.err = a.Run(actx, turn, em)
 	}()
 
 	mode := l.busyMode()
@@ -487,7 +510,7 @@ func (l *lane) runAgent(a agent.Agent, em *emitter, turn *agent.Turn) (*agent.Re
 					}
 					return e, nil
 				}, true); err != nil && !errors.Is(err, kv.ErrNoChange) {
-					l.log.Warn("mark resume pending at drain", "err", err)
+					l.log.Warn("mark resume pending at drain", "error", err)
 				}
 				drainTimer = time.After(w.cfg.DrainTimeout)
 			}
@@ -500,7 +523,7 @@ func (l *lane) runAgent(a agent.Agent, em *emitter, turn *agent.Turn) (*agent.Re
 					text = bannerRestart
 				}
 				if err := l.emitNotice(st, intent, intent.ID+":banner", text, turn.Source); err != nil {
-					l.log.Warn("drain banner", "err", err)
+					l.log.Warn("drain banner", "error", err)
 				}
 			}
 			stopCause = errDrain
@@ -533,7 +556,7 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 	if !st.ids[endID] {
 		e := transcript.Entry{ID: endID, Kind: transcript.KindTurnEnd, TurnID: intent.ID, Status: status, Timestamp: l.w.cfg.Now()}
 		if appendErr = l.append(st, &e); appendErr != nil {
-			l.log.Warn("append turn end", "err", appendErr)
+			l.log.Warn("append turn end", "error", appendErr)
 		}
 	}
 	if before != nil {
@@ -550,6 +573,7 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 	l.turnEndEvent(intent, status, u)
 	if u != nil {
 		l.w.cfg.Metrics.AgentTokens(context.Background(), u.InputTokens, u.OutputTokens)
+		l.w.cfg.Metrics.AgentCost(context.Background(), u.EstimatedCostUSD)
 	}
 	if status == StatusInterrupted {
 		// Keep a burst of follow-ups together: the next turn starts only
@@ -605,7 +629,7 @@ func (l *lane) commitTurn(intent *session.TurnIntent, status string, u *agent.Us
 		return e, nil
 	}, true)
 	if err != nil && !errors.Is(err, kv.ErrNoChange) {
-		l.log.Warn("commit", "turn", intent.ID, "err", err)
+		l.log.Warn("commit", "turn", intent.ID, "error", err)
 		return l.failed(err)
 	}
 	crashPoint("after_commit")
@@ -652,8 +676,11 @@ func (l *lane) publishReplyAs(key string, st *txState, intent *session.TurnInten
 	msg.Data = data
 	msg.Header.Set(broker.HdrSessionKey, key)
 	msg.Header.Set(broker.HdrTurnID, intent.ID)
-	if err := l.publish(msg, r.ID); err != nil {
-		l.log.Warn("publish reply", "id", r.ID, "err", err)
+	end := l.traceReply(msg.Header, r.ID, kind)
+	err = l.publish(msg, r.ID)
+	end(err)
+	if err != nil {
+		l.log.Warn("publish reply", "id", r.ID, "error", err)
 		return err
 	}
 	return nil

@@ -49,7 +49,7 @@ func (w *Worker) watcherLoop(stop <-chan struct{}) {
 		resign()
 		if lease != nil {
 			if err := w.leases.Release(context.Background(), lease); err != nil {
-				w.log.Warn("release the watcher lease", "err", err)
+				w.log.Warn("release the watcher lease", "error", err)
 			}
 		}
 	}()
@@ -78,7 +78,7 @@ func (w *Worker) watcherLoop(stop <-chan struct{}) {
 				w.followExpiries(lead)
 			}(lead)
 		} else if err := w.leases.Renew(ctx, lease); err != nil {
-			w.log.Info("expiry watcher: lost the lead", "err", err)
+			w.log.Info("expiry watcher: lost the lead", "error", err)
 			lease = nil
 			resign()
 			continue
@@ -93,7 +93,7 @@ func (w *Worker) watcherLoop(stop <-chan struct{}) {
 				w.stats.Sweeps.Add(1)
 				switch {
 				case err != nil && lead.Err() == nil:
-					w.log.Warn("sweep", "err", err)
+					w.log.Warn("sweep", "error", err)
 				case n > 0:
 					w.log.Info("sweep woke lanes", "count", n)
 				}
@@ -108,7 +108,7 @@ func (w *Worker) watcherLoop(stop <-chan struct{}) {
 				n, err := w.Prune(lead)
 				switch {
 				case err != nil && lead.Err() == nil:
-					w.log.Warn("prune", "err", err)
+					w.log.Warn("prune", "error", err)
 				case n > 0:
 					w.log.Info("pruned old sessions", "count", n)
 				}
@@ -131,7 +131,7 @@ func (w *Worker) tryBusy(busy chan struct{}) bool {
 func (w *Worker) followExpiries(lead context.Context) {
 	for lead.Err() == nil {
 		if err := w.watchLeaseExpiries(lead); err != nil {
-			w.log.Warn("lease expiries", "err", err)
+			w.log.Warn("lease expiries", "error", err)
 		}
 		select {
 		case <-lead.Done():

@@ -16,9 +16,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/telemetry"
 	"github.com/agentfleet/agentfleet/transcript"
 )
 
@@ -36,6 +38,7 @@ type Worker struct {
 	tx     *transcript.Log
 	owner  string
 	log    *slog.Logger
+	tracer trace.Tracer
 	cache  *agentCache
 
 	mu        sync.Mutex
@@ -107,6 +110,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Confi
 	}
 	w.log = c.Logger.With("worker", w.owner)
 	w.cache.metrics = c.Metrics
+	w.tracer = telemetry.Tracer(c.TracerProvider)
 	w.hardCtx, w.hardStop = context.WithCancel(context.Background())
 	return w, nil
 }
@@ -194,7 +198,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			if w.draining() {
 				break
 			}
-			w.log.Warn("pull", "err", err)
+			w.log.Warn("pull", "error", err)
 			// Never spin on a failing pull: back off briefly.
 			select {
 			case <-w.drainCh:
@@ -223,7 +227,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	close(bgStop)
 	bg.Wait()
 	if err := w.heartbeat(StateStopped, stoppedRecordTTL); err != nil {
-		w.log.Warn("record clean stop", "err", err)
+		w.log.Warn("record clean stop", "error", err)
 	}
 	<-sweepDone
 	w.cache.closeAll()
@@ -263,6 +267,7 @@ func (w *Worker) dispatch(msg jetstream.Msg) {
 		_ = msg.Ack()
 		return
 	}
+	w.traceDelivery(msg, laneTok)
 	if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
 		w.stats.Redelivered.Add(1)
 		w.cfg.Metrics.Redelivered(context.Background())
@@ -326,7 +331,7 @@ func (w *Worker) event(kind, laneTok string, v any) {
 	// A core publish: the events stream stores it; no PubAck is awaited
 	// (events are best effort, and the turn path must not pay for them).
 	if err := w.nc.Publish(w.names.EventSubject(kind, laneTok), data); err != nil {
-		w.log.Debug("event publish", "kind", kind, "err", err)
+		w.log.Debug("event publish", "kind", kind, "error", err)
 	}
 }
 

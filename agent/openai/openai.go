@@ -25,6 +25,9 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/shared"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/agent"
 )
@@ -208,7 +211,7 @@ func (a *Agent) Run(ctx context.Context, t *agent.Turn, emit agent.Emitter) (*ag
 		if len(tools) > 0 && step < cfg.MaxToolSteps {
 			params.Tools = tools
 		}
-		msg, finish, err := a.call(ctx, params, emit)
+		msg, finish, err := a.tracedCall(ctx, params, emit)
 		if err != nil {
 			return msg.partial(), err
 		}
@@ -234,7 +237,7 @@ func (a *Agent) Run(ctx context.Context, t *agent.Turn, emit agent.Emitter) (*ag
 			if err := emit.ToolCall(ctx, c); err != nil {
 				return nil, err
 			}
-			out, err := cfg.Tools.Call(ctx, c.Name, c.Arguments)
+			out, err := a.tracedTool(ctx, c)
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil, context.Cause(ctx)
@@ -260,6 +263,62 @@ func (s streamed) partial() *agent.Result {
 		return nil
 	}
 	return &agent.Result{Text: s.text, FinishReason: "interrupted"}
+}
+
+// tracerName is the instrumentation scope of the backend's spans.
+const tracerName = "github.com/agentfleet/agentfleet/agent/openai"
+
+// tracedCall is call inside a span of its own ("chat <model>", as the
+// OpenTelemetry GenAI conventions name it), a child of the span ctx holds:
+// the caller's tracer provider is used, so a caller that does not trace
+// gets a non-recording span.
+func (a *Agent) tracedCall(ctx context.Context, params openai.ChatCompletionNewParams, emit agent.Emitter) (streamed, string, error) {
+	tracer := trace.SpanFromContext(ctx).TracerProvider().Tracer(tracerName)
+	ctx, span := tracer.Start(ctx, "chat "+params.Model, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("gen_ai.operation.name", "chat"), attribute.String("gen_ai.provider.name", "openai"),
+			attribute.String("gen_ai.request.model", params.Model), attribute.Int("agentfleet.tools", len(params.Tools))))
+	defer span.End()
+	rec := &usageRecorder{Emitter: emit}
+	out, finish, err := a.call(ctx, params, rec)
+	if rec.seen {
+		span.SetAttributes(attribute.Int64("gen_ai.usage.input_tokens", rec.u.InputTokens),
+			attribute.Int64("gen_ai.usage.output_tokens", rec.u.OutputTokens))
+	}
+	if finish != "" {
+		span.SetAttributes(attribute.StringSlice("gen_ai.response.finish_reasons", []string{finish}))
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return out, finish, err
+}
+
+// usageRecorder passes everything on and keeps the usage reported.
+type usageRecorder struct {
+	agent.Emitter
+	u    agent.Usage
+	seen bool
+}
+
+func (r *usageRecorder) Usage(ctx context.Context, u agent.Usage) error {
+	r.u, r.seen = u, true
+	return r.Emitter.Usage(ctx, u)
+}
+
+// tracedTool runs a tool call inside a span ("execute_tool <name>").
+func (a *Agent) tracedTool(ctx context.Context, c agent.ToolCall) (string, error) {
+	tracer := trace.SpanFromContext(ctx).TracerProvider().Tracer(tracerName)
+	ctx, span := tracer.Start(ctx, "execute_tool "+c.Name, trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(attribute.String("gen_ai.operation.name", "execute_tool"),
+			attribute.String("gen_ai.tool.name", c.Name), attribute.String("gen_ai.tool.call.id", c.ID)))
+	defer span.End()
+	out, err := a.b.cfg.Tools.Call(ctx, c.Name, c.Arguments)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return out, err
 }
 
 // call makes one streaming model call, passing its text on as deltas and

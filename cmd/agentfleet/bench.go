@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,9 +17,13 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/bench"
 	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/telemetry/provider"
 )
 
 // benchStdout receives the report, benchStderr the notes (tests replace them).
@@ -79,6 +84,7 @@ latency chart; see docs/benchmarks.md.`,
 			&cli.BoolFlag{Name: "keep", Usage: "keep the temporary server directories (worker logs included)"},
 			&cli.StringFlag{Name: "worker-log-level", Value: "info", Usage: "log level of worker processes (their logs are in the server directory)"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no progress line"},
+			&cli.BoolFlag{Name: "trace", Usage: "throughput: trace the in-process fleet, every span recorded and batched; exported over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, else dropped after the batch (the SDK's cost without a collector's)"},
 		},
 		Action: runBench,
 	}
@@ -265,6 +271,14 @@ func runBench(c *cli.Context) error {
 	}
 	if !c.IsSet("workers") {
 		base.Workers = 0
+	}
+	if c.Bool("trace") {
+		tp, shutdown, err := benchTracer(c.Context)
+		if err != nil {
+			return err
+		}
+		defer shutdown()
+		base.TracerProvider = tp
 	}
 	rep := &bench.Report{Machine: bench.ReadMachine(version), Scenarios: scenarios,
 		Command: "agentfleet " + strings.Join(os.Args[1:], " ")}
@@ -456,4 +470,20 @@ func writeChart(path string, rep *bench.Report) error {
 		return err
 	}
 	return f.Close()
+}
+
+// benchTracer is the tracer provider of bench --trace: the OTEL_*
+// configured pipeline when an OTLP endpoint is set, else an SDK provider
+// that samples every span and batches them to an exporter that drops them.
+func benchTracer(ctx context.Context) (trace.TracerProvider, func(), error) {
+	p, err := provider.New(ctx, provider.Config{ServiceName: "agentfleet-bench", Version: version})
+	if err != nil {
+		return nil, nil, err
+	}
+	if p.Tracer != nil {
+		return p.Tracer, func() { _ = p.Shutdown(context.Background()) }, nil
+	}
+	_ = p.Shutdown(ctx)
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	return tp, func() { _ = tp.Shutdown(context.Background()) }, nil
 }

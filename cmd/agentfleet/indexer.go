@@ -10,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/agentfleet/agentfleet/statedb"
+	"github.com/agentfleet/agentfleet/telemetry"
 )
 
 // startIndexer runs the indexer that writes the state database at path, and
@@ -45,6 +46,12 @@ func (rt *runtime) startIndexer(ctx context.Context, path string, rebuild bool, 
 		db.Close()
 		return err
 	}
+	// The indexer's lag is its consumers' pending count.
+	if _, err := rt.instruments().ObserveConsumers(telemetry.ConsumerStates(js, rt.names.TranscriptStream(), rt.names.EventStream())); err != nil {
+		_ = api.Stop()
+		db.Close()
+		return err
+	}
 	rt.log.Info("indexer started", "db", db.Path())
 	wg.Add(1)
 	go func() {
@@ -69,9 +76,10 @@ func indexerCommand() *cli.Command {
 			&cli.StringFlag{Name: "db", Usage: "SQLite database `FILE` (indexer.db)"},
 			&cli.StringFlag{Name: "name", Usage: "durable consumer name suffix of this indexer (indexer.name)"},
 			&cli.BoolFlag{Name: "rebuild", Usage: "delete the database file and build it again from the streams"},
+			metricsFlag,
 		}, natsFlags()...),
 		Action: func(c *cli.Context) error {
-			cfg, err := loadConfig(c, map[string]string{"db": "indexer.db", "name": "indexer.name"})
+			cfg, err := loadConfig(c, map[string]string{"db": "indexer.db", "name": "indexer.name", "metrics": "telemetry.metrics_addr"})
 			if err != nil {
 				return err
 			}
@@ -89,6 +97,9 @@ func indexerCommand() *cli.Command {
 			rt.ctx = ctx
 			var wg sync.WaitGroup
 			errs := make(chan error, 16)
+			if err := rt.startMetrics(ctx, "indexer", false, &wg, errs); err != nil {
+				return abortStart(ctx, stop, &wg, err)
+			}
 			if err := rt.startIndexer(ctx, cfg.Indexer.DB, c.Bool("rebuild"), &wg, errs); err != nil {
 				return abortStart(ctx, stop, &wg, err)
 			}

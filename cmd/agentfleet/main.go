@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentfleet/agentfleet/cmd/internal/cliutil"
 	"github.com/agentfleet/agentfleet/config"
+	"github.com/agentfleet/agentfleet/telemetry"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -102,7 +103,12 @@ func newLogger(cfg config.Config, role string) *slog.Logger {
 	if cfg.Telemetry.LogFormat == "json" {
 		h = slog.NewJSONHandler(os.Stderr, opts)
 	}
-	return slog.New(h).With("role", role)
+	// A line logged with a traced context carries its trace id. The
+	// process's default logger is this one, so that a component left
+	// without a logger (and the standard log package) logs the same way.
+	log := slog.New(telemetry.LogHandler(h)).With("role", role)
+	slog.SetDefault(log)
+	return log
 }
 
 // signalContext is cancelled by the first SIGINT or SIGTERM; a second one

@@ -227,6 +227,8 @@ func (p *platforms) startDelivery(ctx context.Context, rt *runtime, js jetstream
 	cfg.Backoff = rt.cfg.Delivery.Backoff.Duration()
 	cfg.MaxAttempts = rt.cfg.Delivery.MaxAttempts
 	cfg.MaxAge = rt.cfg.Delivery.MaxAge.Duration()
+	cfg.Metrics = rt.instruments()
+	cfg.TracerProvider = rt.tracer()
 	d, err := ingress.NewPlatformDelivery(js, res, cfg)
 	if err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/urfave/cli/v2"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet"
 	"github.com/agentfleet/agentfleet/agent"
@@ -59,6 +60,9 @@ func (rt *runtime) startMetrics(ctx context.Context, role string, prometheus boo
 	if p.OTLP() != "" {
 		rt.log.Info("exporting metrics over OTLP", "protocol", p.OTLP())
 	}
+	if p.Traces() != "" {
+		rt.log.Info("exporting traces over OTLP", "protocol", p.Traces())
+	}
 	if addr == "" {
 		return nil
 	}
@@ -93,6 +97,14 @@ func (rt *runtime) instruments() *telemetry.Metrics {
 		return nil
 	}
 	return rt.metrics.Metrics
+}
+
+// tracer is the trace pipeline of the roles; nil traces nothing.
+func (rt *runtime) tracer() trace.TracerProvider {
+	if rt.metrics == nil {
+		return nil
+	}
+	return rt.metrics.Tracer
 }
 
 // metricsHandler is /metrics on the ingress address: it takes http.token
@@ -216,6 +228,7 @@ func (rt *runtime) workerConfig(id string, b agent.Backend, restart bool) (worke
 	wc, err := agentfleet.WorkerConfig(rt.cfg, id, b, restart, rt.log)
 	wc.Version = version
 	wc.Metrics = rt.instruments()
+	wc.TracerProvider = rt.tracer()
 	return wc, err
 }
 
@@ -253,10 +266,19 @@ func (rt *runtime) startWorkers(ctx context.Context, n int, id string, b agent.B
 		if err != nil {
 			return fmt.Errorf("worker %s: micro service: %w", wid, err)
 		}
+		unobserve, err := rt.instruments().ObserveWorker(wid, func() telemetry.WorkerGauges {
+			s := w.Status()
+			return telemetry.WorkerGauges{LanesOwned: s.LanesOwned, TurnsRunning: s.TurnsRunning, CacheSize: s.CacheSize, WatcherLeader: s.Watcher}
+		})
+		if err != nil {
+			_ = svc.Stop()
+			return fmt.Errorf("worker %s: gauges: %w", wid, err)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer svc.Stop() //nolint:errcheck
+			defer unobserve() //nolint:errcheck
+			defer svc.Stop()  //nolint:errcheck
 			if err := w.Run(ctx); err != nil {
 				errs <- fmt.Errorf("worker %s: %w", wid, err)
 			}
@@ -280,7 +302,8 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 		keys.WhatsApp = session.NewWhatsAppResolver(rt.cfg.WhatsApp.MappingDir)
 	}
 	srv, err := ingress.New(js, res, ingress.Config{Names: rt.names, KeyOptions: keys, Token: rt.cfg.HTTP.Token,
-		MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), MaxReadersPerClient: rt.cfg.HTTP.MaxReadersPerClient, Logger: rt.log})
+		MaxBodyBytes: int64(rt.cfg.HTTP.MaxBodyBytes), MaxReadersPerClient: rt.cfg.HTTP.MaxReadersPerClient, Logger: rt.log,
+		TracerProvider: rt.tracer()})
 	if err != nil {
 		return nil, err
 	}
@@ -296,6 +319,11 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 	del := ingress.NewDelivery(js, res, rt.names, rt.log)
 	del.SetBackoff(rt.cfg.Delivery.Backoff.Duration())
 	del.SetMetrics(rt.instruments())
+	del.SetTracerProvider(rt.tracer())
+	// Backlog, ack pending and redeliveries of the fleet's consumers.
+	if _, err := rt.instruments().ObserveConsumers(telemetry.ConsumerStates(js, rt.names.InboxStream(), rt.names.OutboxStream())); err != nil {
+		return nil, err
+	}
 	if err := del.Start(ctx); err != nil {
 		return nil, err
 	}
@@ -315,7 +343,8 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 		mux.Handle("GET /metrics", rt.metricsHandler())
 	}
 	mux.Handle("/", plats.handler(srv.Handler()))
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	// A server span per request, the webhooks' included.
+	hs := &http.Server{Handler: telemetry.HTTPHandler(rt.tracer(), mux), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	rt.log.Info("http listening", "addr", ln.Addr().String())
 	instance := fmt.Sprintf("%s-%d", hostID(), os.Getpid())
 	svc, err := telemetry.AddService(nc, telemetry.ServiceConfig{Name: rt.names.ServiceName("ingress"), Version: version,

@@ -288,6 +288,6 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, err e
 	if status >= 500 {
 		level = slog.LevelWarn
 	}
-	c.log.Log(r.Context(), level, "console request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+	c.log.Log(r.Context(), level, "console request failed", "method", r.Method, "path", r.URL.Path, "status", status, "error", err)
 	c.render(w, r, status, "error", page{Title: http.StatusText(status), Error: err.Error(), Authed: c.admitted(token(r))})
 }

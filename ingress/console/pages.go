@@ -156,7 +156,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, nam
 	}
 	var b bytes.Buffer
 	if err := c.tmpl[name].ExecuteTemplate(&b, "layout", p); err != nil {
-		c.log.Warn("console template", "page", name, "err", err)
+		c.log.Warn("console template", "page", name, "error", err)
 		http.Error(w, "the page could not be rendered", http.StatusInternalServerError)
 		return
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/ingress"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 	"github.com/agentfleet/agentfleet/telemetry/provider"
 	"github.com/agentfleet/agentfleet/test/natstest"
 	"github.com/agentfleet/agentfleet/worker"
@@ -49,6 +50,17 @@ func startFleet(t *testing.T, p *provider.Provider) *embeddedFleet {
 		LeaseTTL: 3 * time.Second, LeaseMargin: 500 * time.Millisecond, Linger: 500 * time.Millisecond,
 		PeekInterval: 100 * time.Millisecond, DrainTimeout: 2 * time.Second, Metrics: p.Metrics})
 	if err != nil {
+		t.Fatal(err)
+	}
+	unobserve, err := p.Metrics.ObserveWorker("m1", func() telemetry.WorkerGauges {
+		s := w.Status()
+		return telemetry.WorkerGauges{LanesOwned: s.LanesOwned, TurnsRunning: s.TurnsRunning, CacheSize: s.CacheSize, WatcherLeader: s.Watcher}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unobserve() })
+	if _, err := p.Metrics.ObserveConsumers(telemetry.ConsumerStates(js, names.InboxStream(), names.OutboxStream())); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -165,6 +177,8 @@ next:
 			sum += m.GetCounter().GetValue()
 		case m.Histogram != nil:
 			sum += float64(m.GetHistogram().GetSampleCount())
+		case m.Gauge != nil:
+			sum += m.GetGauge().GetValue()
 		}
 	}
 	return sum
@@ -209,6 +223,17 @@ func TestMetricsAfterWorkload(t *testing.T) {
 		{"agentfleet_delivery_failures_total", nil, 0},
 		{"agentfleet_turn_resumed_total", nil, 0},
 		{"agentfleet_lease_takeovers_total", nil, 0},
+		{"agentfleet_lease_lost_total", nil, 0},
+		{"agentfleet_turn_ended_total", map[string]string{"agentfleet_turn_status": "dead_lettered"}, 0},
+		{"agentfleet_delivery_given_up_total", map[string]string{"agentfleet_platform": "http"}, 0},
+		// Accept to reply: the two answers (the failed turn's notice is
+		// not a reply).
+		{"agentfleet_reply_latency_seconds", nil, 2},
+		// Everything answered and acknowledged: no backlog, nothing in hand.
+		{"agentfleet_consumer_pending", map[string]string{"messaging_consumer_group_name": "workers"}, 0},
+		{"agentfleet_consumer_ack_pending", map[string]string{"messaging_consumer_group_name": "workers"}, 0},
+		{"agentfleet_consumer_ack_pending", map[string]string{"messaging_consumer_group_name": "deliver_http"}, 0},
+		{"agentfleet_watcher_leader", map[string]string{"agentfleet_worker_id": "m1"}, 1},
 	}
 	var fams map[string]*dto.MetricFamily
 	// A reply is delivered while its turn commits: wait for the commits.
@@ -224,6 +249,12 @@ func TestMetricsAfterWorkload(t *testing.T) {
 		}
 		return nil
 	})
+	// The series checked at zero are there, not merely absent.
+	for _, w := range wants {
+		if !hasSeries(fams, w.name, w.labels) {
+			t.Errorf("no series %s%v in /metrics", w.name, w.labels)
+		}
+	}
 	// Each chat's lane was acquired at least once, and the first turn of
 	// each session had to build its agent.
 	for _, w := range []want{{"agentfleet_lease_acquired_total", nil, 2}, {"agentfleet_agent_cache_misses_total", nil, 2}} {
@@ -241,11 +272,32 @@ func TestMetricsOffByDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Metrics != nil || p.Handler() != nil || p.OTLP() != "" {
+	if p.Metrics != nil || p.Handler() != nil || p.OTLP() != "" || p.Tracer != nil || p.Traces() != "" {
 		t.Fatalf("provider with nothing configured: metrics %v, handler %v, otlp %q; want none", p.Metrics, p.Handler(), p.OTLP())
 	}
 	p.Metrics.TurnStarted(t.Context()) // a nil Metrics is a no-op
 	if err := p.Shutdown(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// hasSeries reports whether family name has a series whose labels include
+// want.
+func hasSeries(fams map[string]*dto.MetricFamily, name string, want map[string]string) bool {
+next:
+	for _, m := range fams[name].GetMetric() {
+		for k, v := range want {
+			found := false
+			for _, l := range m.GetLabel() {
+				if l.GetName() == k && l.GetValue() == v {
+					found = true
+				}
+			}
+			if !found {
+				continue next
+			}
+		}
+		return true
+	}
+	return false
 }

@@ -200,6 +200,22 @@ func TestStateDatabaseLive(t *testing.T) {
 		t.Fatalf("stats %+v %v", st, err)
 	}
 
+	// /resume lists from the state database when an indexer serves it:
+	// the session /new ended is listed as ended (the session index in KV
+	// does not know that), and it is resumable by its title.
+	post("/new Beta")
+	waitReply(a.SessionKey, "Beta")
+	waitFor(t, 60*time.Second, "/resume to list the ended session from the state database", func() error {
+		post("/resume")
+		r := waitReply(a.SessionKey, "Named sessions")
+		if want := "Renamed Alpha (" + r2.SessionID + ", "; !strings.Contains(r.Text, want) || !strings.Contains(r.Text, ", ended)") {
+			return fmt.Errorf("/resume listed %q", r.Text)
+		}
+		return nil
+	})
+	post("/resume Renamed Alpha")
+	waitReply(a.SessionKey, "Resumed session "+r2.SessionID)
+
 	// A second indexer, its own file and durable consumers, builds the same database.
 	other := filepath.Join(dir, "other.db")
 	ix := newProc(t, dir, "indexer", env, "indexer", "--db", other, "--name", "second")
