@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -60,9 +61,23 @@ func (m *MsgIDs) Record(ctx context.Context, id string, seq uint64) (uint64, err
 		if ok {
 			return owner, nil
 		}
-		// The claim expired between the two calls: claim it again.
-		if attempt >= 3 {
-			return 0, fmt.Errorf("record msgid %s: claim keeps disappearing", id)
+		// A conflict with no record: the claim expired between the two
+		// calls, or (an R3 bucket during a leader change) the create was
+		// refused as "wrong last sequence" while another write of the key
+		// was in flight and never landed. Claim it again after a moment.
+		if attempt >= recordAttempts {
+			return 0, fmt.Errorf("record msgid %s: create conflicts but no record is found (%d attempts; the store may be changing leader)",
+				id, attempt)
+		}
+		t := time.NewTimer(time.Duration(attempt) * 100 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return 0, fmt.Errorf("record msgid %s: %w", id, ctx.Err())
 		}
 	}
 }
+
+// recordAttempts bounds the create-then-lookup rounds of one Record.
+const recordAttempts = 5

@@ -71,6 +71,12 @@ type Config struct {
 	// DrainTimeout is how long a graceful stop waits for running turns.
 	// Defaults to agent.restart_drain_timeout's default.
 	DrainTimeout time.Duration
+	// StoreRetryBudget is how long the owner of a turn whose writes fail
+	// retries it in place without counting the attempts as interrupted
+	// (a store outage, a partition from NATS). A turn whose writes fail
+	// for longer is counted again, and dead-lettered after
+	// MaxInterruptedTurns, so that it ends. Defaults to 5m.
+	StoreRetryBudget time.Duration
 	// Restart marks a graceful stop as a restart (resume reason
 	// restart_timeout instead of shutdown_timeout).
 	Restart bool
@@ -148,6 +154,7 @@ func (c *Config) withDefaults() (Config, error) {
 	def(&out.PeekInterval, 2*time.Second)
 	def(&out.CollectWindow, 200*time.Millisecond)
 	def(&out.WatchInterval, 5*time.Minute)
+	def(&out.StoreRetryBudget, 5*time.Minute)
 	def(&out.PruneInterval, time.Hour)
 	if out.BusyMode == "" {
 		out.BusyMode = d.Worker.BusyMode

@@ -196,7 +196,7 @@ func (l *lane) recoverTurn() error {
 	// not dead-letter a message: see interruptedCount.
 	interrupted := l.interruptedCount(t)
 	if interrupted == l.entry.InterruptedTurns {
-		l.log.Info("previous attempt ended before its agent ran; not counted", "turn", t.ID, "attempt", t.Attempt, "interrupted_turns", interrupted)
+		l.log.Info("previous attempt ended by a failed write, not a crash; not counted", "turn", t.ID, "attempt", t.Attempt, "interrupted_turns", interrupted)
 	}
 	if interrupted >= MaxInterruptedTurns {
 		return l.deadLetter(st, t, msgs, src, interrupted)
@@ -287,9 +287,15 @@ func (l *lane) recoverRetry(st *txState, t *session.TurnIntent, msgs []inboxMsg,
 // interruptedCount is the lane's interrupted-turn count with t's last
 // attempt counted: the first attempt always counts; a resumed one only if
 // its agent had started (an attempt that gave up earlier, its store writes
-// failing, was not interrupted while running).
+// failing, was not interrupted while running). An attempt this owner
+// itself retries in place after a failed write is not counted either: its
+// worker did not crash, whatever the attempt had done (see
+// retriedInPlace).
 func (l *lane) interruptedCount(t *session.TurnIntent) int {
 	n := l.entry.InterruptedTurns
+	if l.retriedInPlace(t) {
+		return n
+	}
 	if t.Attempt <= 1 || t.AgentStarted >= t.Attempt {
 		n++
 	}

@@ -36,6 +36,20 @@ type lane struct {
 	autoCheck bool
 	// failures counts the steps that failed in a row (see settle).
 	failures int
+	// retrying is the turn in flight that this owner itself left behind
+	// after a failed write and retries in place (see settle): its attempt
+	// was not interrupted by a crash, so recovering it is not counted (see
+	// interruptedCount) until the retries outlast the store retry budget.
+	retrying inPlaceRetry
+}
+
+// inPlaceRetry names the attempt of a turn a live owner retries in place
+// after a failed write, and since when the turn has been retried so.
+type inPlaceRetry struct {
+	turnID  string
+	attempt int
+	epoch   uint64
+	since   time.Time
 }
 
 func newLane(w *Worker, laneTok string) *lane {

@@ -137,6 +137,7 @@ func (l *lane) settle(st *step, err error) outcome {
 		}
 	}
 	l.failures++
+	l.noteInPlaceRetry()
 	d := stepRetryDelay(l.failures)
 	l.log.Warn("lane step failed; retrying in place", "failures", l.failures, "retry_in", d, "error", err)
 	t := time.NewTimer(d)
@@ -153,6 +154,43 @@ func (l *lane) settle(st *step, err error) outcome {
 		return gaveUp
 	}
 	return l.ended()
+}
+
+// noteInPlaceRetry remembers the turn in flight that this owner, alive,
+// retries in place after a failed step: the attempt it recorded ended by a
+// failed write, not by a crash, so its recovery is not an interruption.
+// The first failure of a turn starts its retry budget.
+func (l *lane) noteInPlaceRetry() {
+	t := l.entry.Turn
+	if t == nil || t.Owner != l.w.owner || t.Epoch != l.lease.Epoch {
+		// No turn of ours in flight (a step failed before its intent was
+		// recorded): the next attempt starts from the inbox.
+		return
+	}
+	since := l.retrying.since
+	if l.retrying.turnID != t.ID || since.IsZero() {
+		since = time.Now()
+	}
+	l.retrying = inPlaceRetry{turnID: t.ID, attempt: t.Attempt, epoch: t.Epoch, since: since}
+}
+
+// retriedInPlace reports whether t, found in flight, is the attempt this
+// owner left behind after a failed write (see noteInPlaceRetry) within the
+// store retry budget. Past the budget a write that keeps failing is
+// counted again, so that such a turn ends (dead-lettered with a notice)
+// rather than being retried for ever.
+func (l *lane) retriedInPlace(t *session.TurnIntent) bool {
+	r := l.retrying
+	if r.turnID == "" || r.turnID != t.ID || r.attempt != t.Attempt || r.epoch != t.Epoch ||
+		t.Owner != l.w.owner || t.Epoch != l.lease.Epoch {
+		return false
+	}
+	if waited := time.Since(r.since); waited > l.w.cfg.StoreRetryBudget {
+		l.log.Warn("turn's writes have failed for longer than the store retry budget; counting its attempt as interrupted",
+			"turn", t.ID, "attempt", t.Attempt, "failing_for", waited.Round(time.Millisecond), "budget", l.w.cfg.StoreRetryBudget)
+		return false
+	}
+	return true
 }
 
 // dropUnrecordable dead-letters the first message of a step that cannot be
