@@ -93,6 +93,10 @@ type Config struct {
 	// WatchInterval is how often the expiry watcher's leader sweeps for
 	// expired sessions and stranded lanes. Defaults to 5m.
 	WatchInterval time.Duration
+	// BacklogInterval is how often the expiry watcher's leader counts the
+	// inbox backlog of every partition for the agentfleet.inbox.backlog
+	// gauge (backlog.go). Defaults to 15s.
+	BacklogInterval time.Duration
 	// MaxAgeDays prunes entries not updated for that many days
 	// (session_store_max_age_days); 0 disables pruning.
 	MaxAgeDays int
@@ -154,6 +158,7 @@ func (c *Config) withDefaults() (Config, error) {
 	def(&out.PeekInterval, 2*time.Second)
 	def(&out.CollectWindow, 200*time.Millisecond)
 	def(&out.WatchInterval, 5*time.Minute)
+	def(&out.BacklogInterval, 15*time.Second)
 	def(&out.StoreRetryBudget, 5*time.Minute)
 	def(&out.PruneInterval, time.Hour)
 	if out.BusyMode == "" {

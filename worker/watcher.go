@@ -40,6 +40,7 @@ func (w *Worker) watcherLoop(stop <-chan struct{}) {
 	var wg sync.WaitGroup
 	busy := make(chan struct{}, 1) // one sweep or prune at a time
 	ctx := w.hardCtx
+	defer w.observeBacklog()()
 	resign := func() {
 		if endLead != nil {
 			endLead()
@@ -83,6 +84,11 @@ func (w *Worker) watcherLoop(stop <-chan struct{}) {
 			go func(lead context.Context) {
 				defer wg.Done()
 				w.followExpiries(lead)
+			}(lead)
+			wg.Add(1)
+			go func(lead context.Context) {
+				defer wg.Done()
+				w.backlogLoop(lead)
 			}(lead)
 		} else if err := w.leases.Renew(ctx, lease); err != nil {
 			w.log.Info("expiry watcher: lost the lead", "error", err)

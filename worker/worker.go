@@ -56,6 +56,7 @@ type Worker struct {
 	stats         Stats
 	started       time.Time
 	watcherLeader atomic.Bool
+	backlog       atomic.Pointer[telemetry.Backlog] // the leader's last inbox backlog count (backlog.go)
 	heldElsewhere sync.Map // lane -> time.Time until which another worker is known to hold it
 }
 

@@ -48,7 +48,7 @@ func startFleet(t *testing.T, p *provider.Provider) *embeddedFleet {
 	}
 	w, err := worker.New(nc, js, res, worker.Config{ID: "m1", Names: names, Backend: echo.Backend(echo.Options{}),
 		LeaseTTL: 3 * time.Second, LeaseMargin: 500 * time.Millisecond, Linger: 500 * time.Millisecond,
-		PeekInterval: 100 * time.Millisecond, DrainTimeout: 2 * time.Second, Metrics: p.Metrics})
+		PeekInterval: 100 * time.Millisecond, DrainTimeout: 2 * time.Second, BacklogInterval: 200 * time.Millisecond, Metrics: p.Metrics})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,22 +99,10 @@ func startFleet(t *testing.T, p *provider.Provider) *embeddedFleet {
 // returns the session key and the reply's seq.
 func (f *embeddedFleet) send(t *testing.T, chat, text string, after uint64) (string, uint64) {
 	t.Helper()
-	body, _ := json.Marshal(map[string]string{"chat_id": chat, "text": text})
-	resp, err := f.hc.Post(f.base+"/v1/messages", "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	var acc struct {
-		SessionKey string `json:"session_key"`
-	}
-	if resp.StatusCode != http.StatusAccepted || json.Unmarshal(data, &acc) != nil {
-		t.Fatalf("POST %q: %d %s", text, resp.StatusCode, data)
-	}
+	key := f.post(t, chat, text)
 	var seq uint64
 	natstest.WaitFor(t, waitTimeout, "a reply to "+text, func() error {
-		resp, err := f.hc.Get(fmt.Sprintf("%s/v1/sessions/%s/replies?after=%d&wait=2s", f.base, acc.SessionKey, after))
+		resp, err := f.hc.Get(fmt.Sprintf("%s/v1/sessions/%s/replies?after=%d&wait=2s", f.base, key, after))
 		if err != nil {
 			return err
 		}
@@ -133,7 +121,27 @@ func (f *embeddedFleet) send(t *testing.T, chat, text string, after uint64) (str
 		seq = r.Replies[len(r.Replies)-1].Seq
 		return nil
 	})
-	return acc.SessionKey, seq
+	return key, seq
+}
+
+// post posts text to chat, waits for nothing but its acceptance, and
+// returns the session key.
+func (f *embeddedFleet) post(t *testing.T, chat, text string) string {
+	t.Helper()
+	body, _ := json.Marshal(map[string]string{"chat_id": chat, "text": text})
+	resp, err := f.hc.Post(f.base+"/v1/messages", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var acc struct {
+		SessionKey string `json:"session_key"`
+	}
+	if resp.StatusCode != http.StatusAccepted || json.Unmarshal(data, &acc) != nil {
+		t.Fatalf("POST %q: %d %s", text, resp.StatusCode, data)
+	}
+	return acc.SessionKey
 }
 
 // scrape reads /metrics with the Prometheus text parser.
