@@ -56,8 +56,10 @@ type Worker struct {
 	stats         Stats
 	started       time.Time
 	watcherLeader atomic.Bool
-	backlog       atomic.Pointer[telemetry.Backlog] // the leader's last inbox backlog count (backlog.go)
 	heldElsewhere sync.Map // lane -> time.Time until which another worker is known to hold it
+
+	// backlog is the watcher leader's last inbox backlog count (backlog.go).
+	backlog atomic.Pointer[telemetry.Backlog]
 }
 
 // pullExpiry is how long a pull request of the worker waits on the server.
