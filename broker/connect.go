@@ -60,17 +60,17 @@ func Connect(cfg ConnectConfig) (*nats.Conn, error) {
 		nats.RetryOnFailedConnect(false),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
-				log.Warn("nats disconnected", "error", err)
+				log.Warn("nats disconnected", slog.Any("error", err))
 			}
 		}),
 		// Never the plain URL: it may carry a password or a token.
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted()) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", slog.String("url", nc.ConnectedUrlRedacted())) }),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subj := ""
 			if sub != nil {
 				subj = sub.Subject
 			}
-			log.Warn("nats async error", "subject", subj, "error", err)
+			log.Warn("nats async error", slog.String("subject", subj), slog.Any("error", err))
 		}),
 	}
 	if cfg.User != "" {

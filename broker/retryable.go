@@ -94,8 +94,8 @@ func ProvisionRetry(ctx context.Context, js jetstream.JetStream, pc ProvisionCon
 		backoff.WithBackOff(&deadlineBackOff{b: newWaitBackOff(), deadline: deadline}),
 		backoff.WithMaxElapsedTime(0),
 		backoff.WithNotify(func(err error, next time.Duration) {
-			log.Warn("provisioning failed; retrying", "retry_in", next.Round(time.Millisecond).String(),
-				"gives_up_in", time.Until(deadline).Round(time.Second).String(), "error", err)
+			log.Warn("provisioning failed; retrying", slog.String("retry_in", next.Round(time.Millisecond).String()),
+				slog.String("gives_up_in", time.Until(deadline).Round(time.Second).String()), slog.Any("error", err))
 		}),
 	)
 }

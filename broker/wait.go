@@ -64,13 +64,13 @@ func ConnectWait(ctx context.Context, cfg ConnectConfig, wait time.Duration) (*n
 		backoff.WithBackOff(&deadlineBackOff{b: newWaitBackOff(), deadline: deadline}),
 		backoff.WithMaxElapsedTime(0), // deadlineBackOff stops at the deadline
 		backoff.WithNotify(func(err error, next time.Duration) {
-			log.Warn("waiting for NATS at "+where, "attempt", attempts, "retry_in", next.Round(time.Millisecond).String(),
-				"gives_up_in", time.Until(deadline).Round(time.Second).String(), "error", err)
+			log.Warn("waiting for NATS at "+where, slog.Int("attempt", attempts), slog.String("retry_in", next.Round(time.Millisecond).String()),
+				slog.String("gives_up_in", time.Until(deadline).Round(time.Second).String()), slog.Any("error", err))
 		}),
 	)
 	if err == nil {
 		if attempts > 1 {
-			log.Info("connected to NATS at "+where, "attempts", attempts)
+			log.Info("connected to NATS at "+where, slog.Int("attempts", attempts))
 		}
 		return nc, nil
 	}

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	"github.com/agentfleet/agentfleet/agent"
 	"github.com/agentfleet/agentfleet/kv"
@@ -82,7 +83,7 @@ func (l *lane) answerReadOnly(ctx context.Context, st *txState, intent *session.
 		case m.kind == session.KindInternal && m.body.Command == session.CmdWake:
 		case m.kind == session.KindCommand && session.ReadOnlyCommand(m.body.Command):
 			if err := l.answerEarly(st, m); err != nil {
-				l.log.Warn("answer read-only command", "seq", m.seq, "error", err)
+				l.log.Warn("answer read-only command", slog.Uint64("seq", m.seq), slog.Any("error", err))
 				return
 			}
 		default:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -143,7 +144,7 @@ func (l *lane) runCommandIntent(intent *session.TurnIntent, msgs []inboxMsg) err
 	}
 	if intent.ForkFrom != "" {
 		if err := l.copyFork(st, intent); err != nil {
-			l.log.Warn("fork session", "from", intent.ForkFrom, "error", err)
+			l.log.Warn("fork session", slog.String("from", intent.ForkFrom), slog.Any("error", err))
 			return l.failed(err)
 		}
 	}

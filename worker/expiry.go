@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -82,9 +83,9 @@ func (w *Worker) watchLeaseExpiries(ctx context.Context) error {
 		woke, err := w.wakeIfStranded(ctx, lane)
 		switch {
 		case err != nil && ctx.Err() == nil:
-			w.log.Warn("wake after lease expiry", "lane", lane, "error", err)
+			w.log.Warn("wake after lease expiry", slog.String("lane", lane), slog.Any("error", err))
 		case woke:
-			w.log.Info("lease expired with work pending: lane woken", "lane", lane)
+			w.log.Info("lease expired with work pending: lane woken", slog.String("lane", lane))
 			w.stats.ExpiryWakes.Add(1)
 		}
 	}
@@ -103,16 +104,16 @@ func (w *Worker) wakeOrphansAs(ctx context.Context, liveKey, again string) int {
 	lanes, err := w.leases.Orphans(lctx, liveKey)
 	cancel()
 	if err != nil && ctx.Err() == nil {
-		w.log.Warn("list the lanes of dead workers", "error", err)
+		w.log.Warn("list the lanes of dead workers", slog.Any("error", err))
 	}
 	for _, lane := range lanes {
 		woke, err := w.wakeLaneAs(ctx, lane, false, again)
 		switch {
 		case err != nil && ctx.Err() == nil:
-			w.log.Warn("wake after the owner's liveness expired", "lane", lane, "error", err)
+			w.log.Warn("wake after the owner's liveness expired", slog.String("lane", lane), slog.Any("error", err))
 		case woke:
 			n++
-			w.log.Info("owner's liveness lease expired with work pending: lane woken", "lane", lane, "again", again != "")
+			w.log.Info("owner's liveness lease expired with work pending: lane woken", slog.String("lane", lane), slog.Bool("again", again != ""))
 			w.stats.ExpiryWakes.Add(1)
 		}
 	}

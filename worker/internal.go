@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/agentfleet/agentfleet/session"
@@ -35,7 +36,7 @@ func (l *lane) publishAutoResume() error {
 		marker = e.LastResumeMarkedAt.UnixNano()
 	}
 	id := fmt.Sprintf("resume:%s:%s:%d", l.lane, e.SessionID, marker)
-	l.log.Info("resume pending with no turn in flight: automatic resume", "session", e.SessionID, "reason", e.ResumeReason)
+	l.log.Info("resume pending with no turn in flight: automatic resume", slog.String("session", e.SessionID), slog.String("reason", e.ResumeReason))
 	return l.w.publishInternal(context.WithoutCancel(l.ctx), l.lane, e.SessionKey, session.CmdAutoResume, e.SessionID, id)
 }
 
@@ -53,7 +54,7 @@ func (l *lane) runAutoResume(m inboxMsg) error {
 	}
 	intent, err := l.recordIntent(st)
 	if err != nil {
-		l.log.Warn("record intent", "error", err)
+		l.log.Warn("record intent", slog.Any("error", err))
 		return l.failed(err)
 	}
 	l.w.event("resume", l.lane, map[string]any{"turn_id": intent.ID, "session_id": intent.SessionID, "attempt": intent.Attempt,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -128,7 +129,7 @@ func (w *Worker) livenessLoop(stop <-chan struct{}) {
 				return
 			}
 			if err := lv.leases.Release(context.Background(), lv.lease); err != nil {
-				w.log.Warn("release the liveness lease", "error", err)
+				w.log.Warn("release the liveness lease", slog.Any("error", err))
 			}
 			return
 		case <-t.C:
@@ -138,7 +139,7 @@ func (w *Worker) livenessLoop(stop <-chan struct{}) {
 				lv.set(nl)
 				lost = false
 			} else if ctx.Err() == nil {
-				w.log.Warn("take a new liveness lease", "error", err)
+				w.log.Warn("take a new liveness lease", slog.Any("error", err))
 			}
 			continue
 		}
@@ -151,9 +152,9 @@ func (w *Worker) livenessLoop(stop <-chan struct{}) {
 			lost = true
 			w.stats.LivenessLost.Add(1)
 			w.log.Warn("liveness lease lost while running: this worker's lanes may be taken over (spurious takeover)",
-				"epoch", lease.Epoch, "since_renewal", time.Duration(mono()-lv.renewedAt.Load()))
+				slog.Uint64("epoch", lease.Epoch), slog.Duration("since_renewal", time.Duration(mono()-lv.renewedAt.Load())))
 		case ctx.Err() == nil:
-			w.log.Warn("renew the liveness lease", "error", err)
+			w.log.Warn("renew the liveness lease", slog.Any("error", err))
 		}
 	}
 }

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"log/slog"
 )
 
 // msgidLookups are the msgids lookups of a step's messages, in flight.
@@ -71,13 +72,13 @@ func (l *lane) duplicate(m inboxMsg) (bool, error) {
 		owner, err = w.msgids.Record(context.WithoutCancel(l.ctx), id, m.seq)
 	}
 	if err != nil {
-		l.log.Warn("record message id", "error", err)
+		l.log.Warn("record message id", slog.Any("error", err))
 		return false, err
 	}
 	if owner == m.seq {
 		return false, nil
 	}
-	l.log.Info("duplicate platform message not run", "platform_msg_id", id, "seq", m.seq, "first_seq", owner)
+	l.log.Info("duplicate platform message not run", slog.String("platform_msg_id", id), slog.Uint64("seq", m.seq), slog.Uint64("first_seq", owner))
 	w.event("duplicate", l.lane, map[string]any{"seq": m.seq, "first_seq": owner, "platform_msg_id": id})
 	return true, nil
 }

@@ -131,7 +131,7 @@ func newOwner(w *Worker, laneTok string) *owner {
 		agents:  map[string]agent.Agent{},
 	}
 	// The lines of a turn carry its session, turn and trace ids.
-	o.log = o.logScope.Logger(w.log.With(telemetry.LaneKey, laneTok))
+	o.log = o.logScope.Logger(w.log.With(slog.String(telemetry.LaneKey, laneTok)))
 	return o
 }
 
@@ -184,7 +184,7 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 	}, false); err != nil {
 		return end, fmt.Errorf("take over entry: %w", err)
 	}
-	o.log.Debug("lane acquired", "epoch", lease.Epoch)
+	o.log.Debug("lane acquired", slog.Uint64("epoch", lease.Epoch))
 
 	// The fence: from here on, no append by a previous owner can land.
 	if err := o.fenceAll(); err != nil {
@@ -395,7 +395,7 @@ func (o *owner) renewLoop(done chan struct{}) {
 		err := w.leases.Renew(o.ctx, o.lease)
 		if err == nil {
 			if old := o.live.Swap(live); old != live {
-				o.log.Info("lane lease bound to the worker's new liveness lease", "live", live, "was", old)
+				o.log.Info("lane lease bound to the worker's new liveness lease", slog.Uint64("live", live), slog.Uint64("was", old))
 			}
 			o.renewedAt.Store(int64(o.lease.Renewed.Sub(monoBase)))
 			o.inProgressHeld()
@@ -412,7 +412,7 @@ func (o *owner) renewLoop(done chan struct{}) {
 		if o.ctx.Err() != nil {
 			return
 		}
-		o.log.Warn("renew lease", "error", err)
+		o.log.Warn("renew lease", slog.Any("error", err))
 		if !o.leaseFresh() {
 			w.cfg.Metrics.LeaseLost(context.Background(), "expired")
 			o.lost.Store(true)
@@ -533,14 +533,14 @@ func (o *owner) release() {
 		e.Owner = ""
 		return e, nil
 	}, true); err != nil && !errors.Is(err, kv.ErrLeaseLost) {
-		o.log.Warn("release entry", "error", err)
+		o.log.Warn("release entry", slog.Any("error", err))
 	}
 	o.cancel(errHardStop)
 	// The renew loop may be inside a Renew that writes the lease's
 	// revision: let it end before the release reads it.
 	<-o.renewDone
 	if err := w.leases.Release(context.WithoutCancel(w.hardCtx), o.lease); err != nil {
-		o.log.Warn("release lease", "error", err)
+		o.log.Warn("release lease", slog.Any("error", err))
 	}
 	handOver := o.entry != nil && o.entry.Turn != nil
 	if !handOver && o.entry != nil && w.draining() {
@@ -556,7 +556,7 @@ func (o *owner) release() {
 		// the lane now rather than after their delay.
 		wake := fmt.Sprintf("wake:%s:%d:handover", o.lane, o.lease.Epoch)
 		if err := w.publishInternal(context.WithoutCancel(w.hardCtx), o.lane, o.entry.SessionKey, session.CmdWake, "", wake); err != nil {
-			o.log.Warn("handover wake", "error", err)
+			o.log.Warn("handover wake", slog.Any("error", err))
 		}
 	}
 	committed := uint64(0)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -57,7 +58,7 @@ func (o *owner) decodeInbox(seq uint64, hdr nats.Header, data []byte) *inboxMsg 
 	if err := json.Unmarshal(data, &m.body); err != nil {
 		// Ingress never writes this; keep the lane moving with an empty
 		// message rather than wedging it.
-		o.log.Error("undecodable inbox message", "seq", seq, "error", err)
+		o.log.Error("undecodable inbox message", slog.Uint64("seq", seq), slog.Any("error", err))
 		m.body = session.Inbound{Kind: session.KindMessage}
 	}
 	if m.kind == "" {
@@ -185,7 +186,7 @@ func (o *owner) inProgressHeld() {
 // lost signal costs a redelivery, never a message.
 func (o *owner) settled(what string, seq uint64, err error) {
 	if err != nil {
-		o.log.Debug("delivery signal failed", "signal", what, "seq", seq, "error", err)
+		o.log.Debug("delivery signal failed", slog.String("signal", what), slog.Uint64("seq", seq), slog.Any("error", err))
 	}
 }
 

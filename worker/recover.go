@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -128,12 +129,12 @@ func (l *lane) recoverTurn() error {
 	w.cfg.Metrics.LeaseTakeover(context.Background())
 	st, err := l.txFor(t.SessionID)
 	if err != nil {
-		l.log.Warn("load transcript for recovery", "error", err)
+		l.log.Warn("load transcript for recovery", slog.Any("error", err))
 		return l.failed(err)
 	}
 	msgs, err := l.readRange(t.FirstSeq, t.LastSeq)
 	if err != nil {
-		l.log.Warn("read turn range", "error", err)
+		l.log.Warn("read turn range", slog.Any("error", err))
 		return l.failed(err)
 	}
 	src := sourceOf(l.entry, msgs)
@@ -184,7 +185,7 @@ func (l *lane) recoverTurn() error {
 				return l.failed(err)
 			}
 		}
-		l.log.Info("resume cancelled by a command already in the inbox", "turn", t.ID)
+		l.log.Info("resume cancelled by a command already in the inbox", slog.String("turn", t.ID))
 		return l.finish(st, t, StatusStopped, nil, nil)
 	}
 
@@ -196,7 +197,7 @@ func (l *lane) recoverTurn() error {
 	// not dead-letter a message: see interruptedCount.
 	interrupted := l.interruptedCount(t)
 	if interrupted == l.entry.InterruptedTurns {
-		l.log.Info("previous attempt ended by a failed write, not a crash; not counted", "turn", t.ID, "attempt", t.Attempt, "interrupted_turns", interrupted)
+		l.log.Info("previous attempt ended by a failed write, not a crash; not counted", slog.String("turn", t.ID), slog.Int("attempt", t.Attempt), slog.Int("interrupted_turns", interrupted))
 	}
 	if interrupted >= MaxInterruptedTurns {
 		return l.deadLetter(st, t, msgs, src, interrupted)
@@ -221,10 +222,10 @@ func (l *lane) recoverTurn() error {
 		l.holdsGate = true
 		defer func() { l.holdsGate = false }()
 		if alone {
-			l.log.Info("last attempt of an interrupted turn: running it alone", "turn", t.ID, "interrupted_turns", interrupted)
+			l.log.Info("last attempt of an interrupted turn: running it alone", slog.String("turn", t.ID), slog.Int("interrupted_turns", interrupted))
 		} else {
 			l.log.Warn("last attempt of an interrupted turn: other turns still run after the wait; running it beside them",
-				"turn", t.ID, "interrupted_turns", interrupted, "waited", w.cfg.LeaseTTL, "turns_running", w.turns.inUse())
+				slog.String("turn", t.ID), slog.Int("interrupted_turns", interrupted), slog.Duration("waited", w.cfg.LeaseTTL), slog.Int("turns_running", w.turns.inUse()))
 		}
 	}
 	// Retry only the first message of the range, so a poison message
@@ -246,7 +247,7 @@ func (l *lane) recoverTurn() error {
 	if t.Kind == session.KindMessage && t.RetryFrom <= t.LastSeq && interrupted < MaxInterruptedTurns-1 && l.busyMode() == BusyInterrupt {
 		joined, err := l.joinAhead(t.LastSeq, msgs)
 		if err != nil {
-			l.log.Warn("read the inbox ahead of the resumed turn", "error", err)
+			l.log.Warn("read the inbox ahead of the resumed turn", slog.Any("error", err))
 			return l.failed(err)
 		}
 		if len(joined) > len(msgs) {
@@ -259,7 +260,7 @@ func (l *lane) recoverTurn() error {
 	if done, err := l.recordAttempt(t, interrupted, func(e *session.SessionEntry) { e.MarkResumePending(reason, w.cfg.Now()) }); done {
 		return err
 	}
-	l.log.Info("resuming interrupted turn", "turn", t.ID, "attempt", t.Attempt, "reason", reason, "interrupted_turns", interrupted)
+	l.log.Info("resuming interrupted turn", slog.String("turn", t.ID), slog.Int("attempt", t.Attempt), slog.String("reason", reason), slog.Int("interrupted_turns", interrupted))
 	w.event("resume", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "attempt": t.Attempt, "reason": reason})
 	w.cfg.Metrics.TurnResumed(context.Background())
 	l.turnEvent("start", t, "")
@@ -280,7 +281,7 @@ func (l *lane) recoverRetry(st *txState, t *session.TurnIntent, msgs []inboxMsg,
 	if done, err := l.recordAttempt(t, interrupted, nil); done {
 		return err
 	}
-	l.log.Info("resuming interrupted /retry", "turn", t.ID, "attempt", t.Attempt, "interrupted_turns", interrupted)
+	l.log.Info("resuming interrupted /retry", slog.String("turn", t.ID), slog.Int("attempt", t.Attempt), slog.Int("interrupted_turns", interrupted))
 	return l.runCommandIntent(t, msgs)
 }
 
@@ -324,7 +325,7 @@ func (l *lane) recordAttempt(t *session.TurnIntent, interrupted int, also func(*
 	case err == kv.ErrNoChange:
 		return true, nil
 	case err != nil:
-		l.log.Warn("record recovery", "error", err)
+		l.log.Warn("record recovery", slog.Any("error", err))
 		return true, l.failed(err)
 	}
 	return false, nil
@@ -378,7 +379,7 @@ func (l *lane) parkStale(st *txState, t *session.TurnIntent, msgs []inboxMsg, re
 		}
 	}
 	updated := l.entry.UpdatedAt
-	l.log.Info("interrupted turn is stale; not resumed until the next message", "turn", t.ID, "interrupted_at", at, "reason", reason)
+	l.log.Info("interrupted turn is stale; not resumed until the next message", slog.String("turn", t.ID), slog.Time("interrupted_at", at), slog.String("reason", reason))
 	l.w.event("resume_stale", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "reason": reason, "interrupted_at": at})
 	return l.finish(st, t, StatusInterrupted, nil, func(e *session.SessionEntry) {
 		e.MarkResumePending(reason, at)
@@ -427,7 +428,7 @@ func (l *lane) deadLetter(st *txState, t *session.TurnIntent, msgs []inboxMsg, s
 	for _, m := range msgs {
 		raw, err := w.res.Inbox.GetMsg(context.WithoutCancel(l.ctx), m.seq)
 		if err != nil {
-			l.log.Warn("read message to dead-letter", "seq", m.seq, "error", err)
+			l.log.Warn("read message to dead-letter", slog.Uint64("seq", m.seq), slog.Any("error", err))
 			return l.failed(err)
 		}
 		dl := nats.NewMsg(w.names.DeadLetterSubject(l.lane))
@@ -447,7 +448,7 @@ func (l *lane) deadLetter(st *txState, t *session.TurnIntent, msgs []inboxMsg, s
 		_, err = w.js.PublishMsg(ctx, dl, jetstream.WithMsgID(fmt.Sprintf("dlq:%s:%d", w.res.InboxID, m.seq)))
 		cancel()
 		if err != nil {
-			l.log.Warn("dead-letter publish", "error", err)
+			l.log.Warn("dead-letter publish", slog.Any("error", err))
 			return l.failed(err)
 		}
 	}
@@ -455,7 +456,7 @@ func (l *lane) deadLetter(st *txState, t *session.TurnIntent, msgs []inboxMsg, s
 		return l.failed(err)
 	}
 	w.stats.DeadLetters.Add(1)
-	l.log.Warn("turn dead-lettered; lane suspended", "turn", t.ID, "first_seq", t.FirstSeq, "last_seq", t.LastSeq)
+	l.log.Warn("turn dead-lettered; lane suspended", slog.String("turn", t.ID), slog.Uint64("first_seq", t.FirstSeq), slog.Uint64("last_seq", t.LastSeq))
 	w.event("deadletter", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "first_seq": t.FirstSeq, "last_seq": t.LastSeq, "reason": reason})
 	return l.finish(st, t, StatusDeadLetter, nil, suspendDeadLettered)
 }

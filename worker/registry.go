@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"sort"
 	"time"
@@ -89,7 +90,7 @@ func (w *Worker) heartbeatLoop(stop <-chan struct{}) {
 	state := StateRunning
 	for {
 		if err := w.heartbeat(state, 3*every+time.Second); err != nil {
-			w.log.Debug("heartbeat", "error", err)
+			w.log.Debug("heartbeat", slog.Any("error", err))
 		}
 		select {
 		case <-stop:
@@ -149,7 +150,7 @@ func (w *Worker) othersAlive() bool {
 	defer cancel()
 	recs, err := ListWorkers(ctx, w.res.Workers)
 	if err != nil {
-		w.log.Debug("worker registry", "error", err)
+		w.log.Debug("worker registry", slog.Any("error", err))
 		return true // unknown: stay quiet rather than alarm users
 	}
 	for _, r := range recs {

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,12 +35,12 @@ func (l *lane) namedFromStateDB() (named []namedSession, ok bool) {
 	defer cancel()
 	msg, err := l.w.nc.RequestWithContext(ctx, l.w.names.APIPrefix()+"."+statedb.EndpointSessions, req)
 	if err != nil {
-		l.w.log.Debug("resume: state database unavailable, listing from the session index", "lane", l.lane, "error", err)
+		l.w.log.Debug("resume: state database unavailable, listing from the session index", slog.String("lane", l.lane), slog.Any("error", err))
 		return nil, false
 	}
 	if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
-		l.w.log.Debug("resume: state database error, listing from the session index", "lane", l.lane, "code", code,
-			"error", msg.Header.Get(micro.ErrorHeader))
+		l.w.log.Debug("resume: state database error, listing from the session index", slog.String("lane", l.lane), slog.String("code", code),
+			slog.String("error", msg.Header.Get(micro.ErrorHeader)))
 		return nil, false
 	}
 	var resp statedb.SessionsResponse

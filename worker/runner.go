@@ -2,6 +2,7 @@ package worker
 
 import (
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/agentfleet/agentfleet/kv"
@@ -77,7 +78,7 @@ func (l *lane) run() {
 	switch {
 	case errors.Is(err, kv.ErrNotFound):
 	case err != nil:
-		l.log.Warn("read entry", "error", err)
+		l.log.Warn("read entry", slog.Any("error", err))
 		l.nakHeld(time.Second)
 		return
 	default:
@@ -112,7 +113,7 @@ func (l *lane) run() {
 		var held *kv.HeldError
 		if errors.As(err, &held) {
 			// Wake-up step 2: another worker owns the lane.
-			l.log.Debug("lane held elsewhere", "holder", held.Owner, "rev", held.Rev)
+			l.log.Debug("lane held elsewhere", slog.String("holder", held.Owner), slog.Uint64("rev", held.Rev))
 			l.w.stats.HeldElsewhere.Add(1)
 			l.w.heldElsewhere.Store(l.lane, time.Now().Add(500*time.Millisecond))
 			delay := time.Duration(-1)
@@ -126,13 +127,13 @@ func (l *lane) run() {
 			return
 		}
 		if err != nil {
-			l.log.Warn("acquire lease", "error", err)
+			l.log.Warn("acquire lease", slog.Any("error", err))
 			l.nakHeld(time.Second)
 			return
 		}
 		if lease.TookOver {
 			l.w.stats.DeadOwnerTakeovers.Add(1)
-			l.log.Info("lane taken over from an owner whose liveness lease is gone", "epoch", lease.Epoch)
+			l.log.Info("lane taken over from an owner whose liveness lease is gone", slog.Uint64("epoch", lease.Epoch))
 		}
 		again := l.own(lease)
 		if !again {
@@ -148,7 +149,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 	end, err := l.begin(lease)
 	defer end()
 	if err != nil {
-		l.log.Warn("take ownership", "error", err)
+		l.log.Warn("take ownership", slog.Any("error", err))
 		l.giveUp()
 		return false
 	}
@@ -172,7 +173,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 			if l.ctx.Err() != nil {
 				continue
 			}
-			l.log.Warn("peek", "error", err)
+			l.log.Warn("peek", slog.Any("error", err))
 			l.wait(time.Second)
 			continue
 		}
@@ -180,7 +181,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 			l.autoCheck = false
 			if l.autoResumeDue() {
 				if err := l.publishAutoResume(); err != nil {
-					l.log.Warn("publish automatic resume", "error", err)
+					l.log.Warn("publish automatic resume", slog.Any("error", err))
 				}
 				continue
 			}

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -133,13 +134,13 @@ func (l *lane) settle(st *step, err error) outcome {
 			l.failures = 0
 			return keepOwning
 		} else {
-			l.log.Warn("dead-letter an unrecordable step", "error", derr)
+			l.log.Warn("dead-letter an unrecordable step", slog.Any("error", derr))
 		}
 	}
 	l.failures++
 	l.noteInPlaceRetry()
 	d := stepRetryDelay(l.failures)
-	l.log.Warn("lane step failed; retrying in place", "failures", l.failures, "retry_in", d, "error", err)
+	l.log.Warn("lane step failed; retrying in place", slog.Int("failures", l.failures), slog.Duration("retry_in", d), slog.Any("error", err))
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -187,7 +188,7 @@ func (l *lane) retriedInPlace(t *session.TurnIntent) bool {
 	}
 	if waited := time.Since(r.since); waited > l.w.cfg.StoreRetryBudget {
 		l.log.Warn("turn's writes have failed for longer than the store retry budget; counting its attempt as interrupted",
-			"turn", t.ID, "attempt", t.Attempt, "failing_for", waited.Round(time.Millisecond), "budget", l.w.cfg.StoreRetryBudget)
+			slog.String("turn", t.ID), slog.Int("attempt", t.Attempt), slog.Duration("failing_for", waited.Round(time.Millisecond)), slog.Duration("budget", l.w.cfg.StoreRetryBudget))
 		return false
 	}
 	return true
@@ -205,7 +206,7 @@ func (l *lane) dropUnrecordable(st *step, cause error) error {
 	for _, m := range st.msgs[:1] {
 		raw, err := w.res.Inbox.GetMsg(context.WithoutCancel(l.ctx), m.seq)
 		if err != nil {
-			l.log.Warn("read message to dead-letter", "seq", m.seq, "error", err)
+			l.log.Warn("read message to dead-letter", slog.Uint64("seq", m.seq), slog.Any("error", err))
 			return l.failed(err)
 		}
 		dl := nats.NewMsg(w.names.DeadLetterSubject(l.lane))
@@ -221,7 +222,7 @@ func (l *lane) dropUnrecordable(st *step, cause error) error {
 		_, err = w.js.PublishMsg(ctx, dl, jetstream.WithMsgID(fmt.Sprintf("dlq:%s:%d", w.res.InboxID, m.seq)))
 		cancel()
 		if err != nil {
-			l.log.Warn("dead-letter publish", "seq", m.seq, "error", err)
+			l.log.Warn("dead-letter publish", slog.Uint64("seq", m.seq), slog.Any("error", err))
 			return l.failed(err)
 		}
 	}
@@ -238,7 +239,7 @@ func (l *lane) dropUnrecordable(st *step, cause error) error {
 		}
 	}
 	w.stats.DeadLetters.Add(1)
-	l.log.Warn("step dead-lettered: it cannot be recorded", "first_seq", st.msgs[0].seq, "last_seq", last, "error", cause)
+	l.log.Warn("step dead-lettered: it cannot be recorded", slog.Uint64("first_seq", st.msgs[0].seq), slog.Uint64("last_seq", last), slog.Any("error", cause))
 	w.event("deadletter", l.lane, map[string]any{"first_seq": st.msgs[0].seq, "last_seq": last, "reason": reason})
 	return l.commit(last)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/transcript"
+	"log/slog"
 	"strings"
 
 	"github.com/agentfleet/agentfleet/session"
@@ -150,7 +151,7 @@ func (l *lane) runStep(st *step) error {
 		}()
 		intent, err := l.recordIntent(st)
 		if err != nil {
-			l.log.Warn("record intent", "error", err)
+			l.log.Warn("record intent", slog.Any("error", err))
 			return l.failed(err)
 		}
 		return l.execute(intent, st.msgs, false)

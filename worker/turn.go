@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -133,7 +134,7 @@ func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
 		// Names the ingress did not bound (an older ingress, another
 		// adapter) can make the entry larger than the store takes: record
 		// the turn with the origin's names left out.
-		l.log.Warn("turn intent too large with the source's names; recording it without them", "error", err)
+		l.log.Warn("turn intent too large with the source's names; recording it without them", slog.Any("error", err))
 		slim := src
 		slim.ChatName, slim.UserName, slim.ChatTopic = "", "", ""
 		err = record(slim)
@@ -158,12 +159,12 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 	l.traceIntent(intent, resumed)
 	st, err := l.txFor(intent.SessionID)
 	if err != nil {
-		l.log.Warn("load transcript", "error", err)
+		l.log.Warn("load transcript", slog.Any("error", err))
 		return l.failed(err)
 	}
 	if intent.PreviousSessionID != "" {
 		if err := l.closeOld(intent); err != nil {
-			l.log.Warn("close previous session", "error", err)
+			l.log.Warn("close previous session", slog.Any("error", err))
 			return l.failed(err)
 		}
 	}
@@ -209,7 +210,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 				// rather than retrying (uncounted) for ever.
 				return l.failTurn(st, intent, src, fmt.Errorf("user message %d is too large for the transcript: %w", m.seq, err))
 			}
-			l.log.Warn("append user entry", "error", err)
+			l.log.Warn("append user entry", slog.Any("error", err))
 			return l.failed(err)
 		}
 		users = append(users, userMessage(m))
@@ -287,7 +288,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 			return e, nil
 		}, true); err != nil {
 			release()
-			l.log.Warn("record agent start", "turn", intent.ID, "error", err)
+			l.log.Warn("record agent start", slog.String("turn", intent.ID), slog.Any("error", err))
 			return l.failed(err)
 		}
 		intent.AgentStarted = intent.Attempt
@@ -316,7 +317,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 				if tooLarge(err) {
 					return l.failTurn(st, intent, src, fmt.Errorf("the agent's reply is too large for the transcript: %w", err))
 				}
-				l.log.Warn("append reply", "error", err)
+				l.log.Warn("append reply", slog.Any("error", err))
 				return l.failed(err)
 			}
 			// The reply goes out while the turn's end is appended. The
@@ -349,7 +350,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 	case stopCause != nil:
 		// Lease lost, drain timeout or hard stop: no commit; the intent
 		// stays for whoever owns the lane next.
-		l.log.Info("turn abandoned", "turn", intent.ID, "cause", stopCause)
+		l.log.Info("turn abandoned", slog.String("turn", intent.ID), slog.Any("cause", stopCause))
 		return l.failed(stopCause)
 	default:
 		if err := l.keepPartial(em, res); err != nil {
@@ -374,7 +375,7 @@ func (l *lane) keepPartial(em *emitter, res *agent.Result) error {
 	e := transcript.Entry{ID: id, Kind: transcript.KindMessage, Role: transcript.RoleAssistant, Content: res.Text,
 		Reasoning: res.Reasoning, FinishReason: "interrupted", TurnID: em.intent.ID, Timestamp: l.w.cfg.Now()}
 	if err := l.append(em.st, &e); err != nil && !tooLarge(err) {
-		l.log.Warn("append partial reply", "turn", em.intent.ID, "error", err)
+		l.log.Warn("append partial reply", slog.String("turn", em.intent.ID), slog.Any("error", err))
 		return l.failed(err)
 	}
 	return nil
@@ -416,10 +417,10 @@ func (l *lane) failTurn(st *txState, intent *session.TurnIntent, src session.Ses
 // failTurnUsage is failTurn for a turn whose agent reported usage u.
 func (l *lane) failTurnUsage(st *txState, intent *session.TurnIntent, src session.SessionSource, runErr error, u *agent.Usage) error {
 	l.w.stats.TurnsFailed.Add(1)
-	l.log.Warn("agent failed", "turn", intent.ID, "error", runErr)
+	l.log.Warn("agent failed", slog.String("turn", intent.ID), slog.Any("error", runErr))
 	var pe *agent.PanicError
 	if errors.As(runErr, &pe) {
-		l.log.Error("agent panicked", "turn", intent.ID, "panic", pe.Value, "stack", string(pe.Stack))
+		l.log.Error("agent panicked", slog.String("turn", intent.ID), slog.Any("panic", pe.Value), slog.String("stack", string(pe.Stack)))
 	}
 	text := "⚠️ Sorry, something went wrong while answering that message. Send it again, or /retry."
 	if err := l.emitNotice(st, intent, intent.ID+":error", text, src); err != nil {
@@ -510,7 +511,7 @@ func (l *lane) runAgent(a agent.Agent, em *emitter, turn *agent.Turn) (*agent.Re
 					}
 					return e, nil
 				}, true); err != nil && !errors.Is(err, kv.ErrNoChange) {
-					l.log.Warn("mark resume pending at drain", "error", err)
+					l.log.Warn("mark resume pending at drain", slog.Any("error", err))
 				}
 				drainTimer = time.After(w.cfg.DrainTimeout)
 			}
@@ -523,7 +524,7 @@ func (l *lane) runAgent(a agent.Agent, em *emitter, turn *agent.Turn) (*agent.Re
 					text = bannerRestart
 				}
 				if err := l.emitNotice(st, intent, intent.ID+":banner", text, turn.Source); err != nil {
-					l.log.Warn("drain banner", "error", err)
+					l.log.Warn("drain banner", slog.Any("error", err))
 				}
 			}
 			stopCause = errDrain
@@ -535,7 +536,7 @@ func (l *lane) runAgent(a agent.Agent, em *emitter, turn *agent.Turn) (*agent.Re
 			select {
 			case <-done:
 			case <-time.After(5 * time.Second):
-				l.log.Error("agent ignored cancellation; abandoning it", "turn", intent.ID)
+				l.log.Error("agent ignored cancellation; abandoning it", slog.String("turn", intent.ID))
 			}
 			return nil, nil, stopCause
 		}
@@ -556,7 +557,7 @@ func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string
 	if !st.ids[endID] {
 		e := transcript.Entry{ID: endID, Kind: transcript.KindTurnEnd, TurnID: intent.ID, Status: status, Timestamp: l.w.cfg.Now()}
 		if appendErr = l.append(st, &e); appendErr != nil {
-			l.log.Warn("append turn end", "error", appendErr)
+			l.log.Warn("append turn end", slog.Any("error", appendErr))
 		}
 	}
 	if before != nil {
@@ -629,7 +630,7 @@ func (l *lane) commitTurn(intent *session.TurnIntent, status string, u *agent.Us
 		return e, nil
 	}, true)
 	if err != nil && !errors.Is(err, kv.ErrNoChange) {
-		l.log.Warn("commit", "turn", intent.ID, "error", err)
+		l.log.Warn("commit", slog.String("turn", intent.ID), slog.Any("error", err))
 		return l.failed(err)
 	}
 	crashPoint("after_commit")
@@ -680,7 +681,7 @@ func (l *lane) publishReplyAs(key string, st *txState, intent *session.TurnInten
 	err = l.publish(msg, r.ID)
 	end(err)
 	if err != nil {
-		l.log.Warn("publish reply", "id", r.ID, "error", err)
+		l.log.Warn("publish reply", slog.String("id", r.ID), slog.Any("error", err))
 		return err
 	}
 	return nil

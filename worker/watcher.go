@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -53,7 +54,7 @@ func (w *Worker) watcherLoop(stop <-chan struct{}) {
 		resign()
 		if lease != nil {
 			if err := w.leases.Release(context.Background(), lease); err != nil {
-				w.log.Warn("release the watcher lease", "error", err)
+				w.log.Warn("release the watcher lease", slog.Any("error", err))
 			}
 		}
 	}()
@@ -91,7 +92,7 @@ func (w *Worker) watcherLoop(stop <-chan struct{}) {
 				w.backlogLoop(lead)
 			}(lead)
 		} else if err := w.leases.Renew(ctx, lease); err != nil {
-			w.log.Info("expiry watcher: lost the lead", "error", err)
+			w.log.Info("expiry watcher: lost the lead", slog.Any("error", err))
 			lease = nil
 			resign()
 			continue
@@ -106,9 +107,9 @@ func (w *Worker) watcherLoop(stop <-chan struct{}) {
 				w.stats.Sweeps.Add(1)
 				switch {
 				case err != nil && lead.Err() == nil:
-					w.log.Warn("sweep", "error", err)
+					w.log.Warn("sweep", slog.Any("error", err))
 				case n > 0:
-					w.log.Info("sweep woke lanes", "count", n)
+					w.log.Info("sweep woke lanes", slog.Int("count", n))
 				}
 			}(lead)
 		}
@@ -121,9 +122,9 @@ func (w *Worker) watcherLoop(stop <-chan struct{}) {
 				n, err := w.Prune(lead)
 				switch {
 				case err != nil && lead.Err() == nil:
-					w.log.Warn("prune", "error", err)
+					w.log.Warn("prune", slog.Any("error", err))
 				case n > 0:
-					w.log.Info("pruned old sessions", "count", n)
+					w.log.Info("pruned old sessions", slog.Int("count", n))
 				}
 			}(lead)
 		}
@@ -144,7 +145,7 @@ func (w *Worker) tryBusy(busy chan struct{}) bool {
 func (w *Worker) followExpiries(lead context.Context) {
 	for lead.Err() == nil {
 		if err := w.watchLeaseExpiries(lead); err != nil {
-			w.log.Warn("lease expiries", "error", err)
+			w.log.Warn("lease expiries", slog.Any("error", err))
 		}
 		select {
 		case <-lead.Done():

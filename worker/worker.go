@@ -126,7 +126,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Confi
 		drainCh:   make(chan struct{}),
 		started:   time.Now(),
 	}
-	w.log = c.Logger.With("worker", w.owner)
+	w.log = c.Logger.With(slog.String("worker", w.owner))
 	w.cache.metrics = c.Metrics
 	w.tracer = telemetry.Tracer(c.TracerProvider)
 	w.hardCtx, w.hardStop = context.WithCancel(context.Background())
@@ -212,7 +212,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}()
 
-	w.log.Info("worker started", "lease_ttl", w.cfg.LeaseTTL, "liveness_ttl", w.cfg.LivenessTTL, "max_lanes", w.cfg.MaxLanes, "max_turns", w.cfg.MaxTurns)
+	w.log.Info("worker started", slog.Duration("lease_ttl", w.cfg.LeaseTTL), slog.Duration("liveness_ttl", w.cfg.LivenessTTL), slog.Int("max_lanes", w.cfg.MaxLanes), slog.Int("max_turns", w.cfg.MaxTurns))
 	var runErr error
 	for {
 		msg, err := it.Next()
@@ -223,7 +223,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			if w.draining() {
 				break
 			}
-			w.log.Warn("pull", "error", err)
+			w.log.Warn("pull", slog.Any("error", err))
 			// Never spin on a failing pull: back off briefly.
 			select {
 			case <-w.drainCh:
@@ -252,7 +252,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	close(bgStop)
 	bg.Wait()
 	if err := w.heartbeat(StateStopped, stoppedRecordTTL); err != nil {
-		w.log.Warn("record clean stop", "error", err)
+		w.log.Warn("record clean stop", slog.Any("error", err))
 	}
 	<-sweepDone
 	w.cache.closeAll()
@@ -288,7 +288,7 @@ func (w *Worker) laneOf(subject string) (string, bool) {
 func (w *Worker) dispatch(msg jetstream.Msg) {
 	laneTok, ok := w.laneOf(msg.Subject())
 	if !ok {
-		w.log.Error("inbox message outside the lane layout; acked and ignored", "subject", msg.Subject())
+		w.log.Error("inbox message outside the lane layout; acked and ignored", slog.String("subject", msg.Subject()))
 		_ = msg.Ack()
 		return
 	}
@@ -356,7 +356,7 @@ func (w *Worker) event(kind, laneTok string, v any) {
 	// A core publish: the events stream stores it; no PubAck is awaited
 	// (events are best effort, and the turn path must not pay for them).
 	if err := w.nc.Publish(w.names.EventSubject(kind, laneTok), data); err != nil {
-		w.log.Debug("event publish", "kind", kind, "error", err)
+		w.log.Debug("event publish", slog.String("kind", kind), slog.Any("error", err))
 	}
 }
 
