@@ -48,7 +48,7 @@ func (b Backends) New(ctx context.Context, cfg config.Config, log *slog.Logger) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	be, err := f(ctx, cfg, log.With("agent_backend", name))
+	be, err := f(ctx, cfg, log.With(slog.String("agent_backend", name)))
 	if err != nil {
 		return nil, fmt.Errorf("agent %q: %w", name, err)
 	}

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime"
 	"sync"
@@ -138,7 +139,7 @@ func (e *env) close() {
 		e.srv.Shutdown()
 		e.srv.WaitForShutdown()
 		if e.opts.KeepData {
-			e.opts.Logger.Info("bench: kept the server directory", "dir", e.dir)
+			e.opts.Logger.Info("bench: kept the server directory", slog.String("dir", e.dir))
 			fmt.Fprintf(os.Stderr, "bench: kept %s\n", e.dir)
 		} else {
 			_ = os.RemoveAll(e.dir)

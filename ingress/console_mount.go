@@ -3,6 +3,7 @@ package ingress
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"log/slog"
 	"net/http"
 	"strings"
 
@@ -34,7 +35,7 @@ func (s *Server) consoleHandler() http.Handler {
 	if err != nil {
 		// The console's templates are embedded and parsed by its tests:
 		// this is a build defect, reported on every console request.
-		s.log.Error("console unavailable", "error", err)
+		s.log.Error("console unavailable", slog.Any("error", err))
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			s.writeError(w, r, errorf(http.StatusInternalServerError, "the console is unavailable: %v", err))
 		})

@@ -179,7 +179,7 @@ func MediaHandler(cfg MediaHandlerConfig) (http.Handler, error) {
 			return
 		}
 		if err != nil {
-			cfg.Logger.Warn("media fetch failed", "platform", string(cfg.Platform), "error", err)
+			cfg.Logger.Warn("media fetch failed", slog.String("platform", string(cfg.Platform)), slog.Any("error", err))
 			writeJSON(w, http.StatusBadGateway, errorBody{Error: "the file could not be fetched from " + string(cfg.Platform) + "; retry"})
 			return
 		}

@@ -187,7 +187,7 @@ func (a *API) handler(name string, h func(context.Context, []byte) (any, error))
 				code = "400"
 			}
 			if code == "500" {
-				a.log.Warn("api request failed", "endpoint", name, "error", err)
+				a.log.Warn("api request failed", slog.String("endpoint", name), slog.Any("error", err))
 			}
 			_ = req.Error(code, err.Error(), nil)
 			return

@@ -231,7 +231,7 @@ func (db *DB) afterWrite(ctx context.Context) {
 	db.mu.Unlock()
 	if due {
 		if _, err := db.w.ExecContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`); err != nil {
-			db.log.Debug("wal checkpoint", "error", err)
+			db.log.Debug("wal checkpoint", slog.Any("error", err))
 		}
 	}
 }

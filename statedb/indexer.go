@@ -184,7 +184,7 @@ func (ix *Indexer) Run(ctx context.Context) error {
 		if errors.As(err, &fatal) {
 			return fatal.err
 		}
-		ix.log.Warn("indexer restarting", "error", err, "pause", pause)
+		ix.log.Warn("indexer restarting", slog.Any("error", err), slog.Duration("pause", pause))
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
@@ -328,7 +328,7 @@ func (ix *Indexer) runOnce(ctx context.Context) error {
 			}
 		}()
 	}
-	ix.log.Info("indexer consuming", "db", ix.db.path, "tx_after", txc, "ev_after", evc)
+	ix.log.Info("indexer consuming", slog.String("db", ix.db.path), slog.Uint64("tx_after", txc), slog.Uint64("ev_after", evc))
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	armed := false
@@ -523,7 +523,7 @@ func (ix *Indexer) apply(ctx context.Context, batch []delivery) error {
 			it.sid = strings.TrimPrefix(subj, ix.cfg.Names.TranscriptWildcard()[:len(ix.cfg.Names.TranscriptWildcard())-1])
 			var e transcript.Entry
 			if err := json.Unmarshal(d.msg.Data(), &e); err != nil {
-				ix.log.Warn("undecodable transcript entry skipped", "subject", subj, "seq", d.seq, "error", err)
+				ix.log.Warn("undecodable transcript entry skipped", slog.String("subject", subj), slog.Uint64("seq", d.seq), slog.Any("error", err))
 			} else {
 				e.Seq = d.seq
 				it.entry = &e
@@ -617,7 +617,7 @@ func (ix *Indexer) lookup(ctx context.Context, sid string, first time.Time) sess
 	rec, err := ix.store.LookupIndex(lctx, sid)
 	if err != nil {
 		if !errors.Is(err, kv.ErrNotFound) {
-			ix.log.Warn("session index lookup", "session_id", sid, "error", err)
+			ix.log.Warn("session index lookup", slog.String("session_id", sid), slog.Any("error", err))
 		}
 		return info
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"strings"
@@ -128,7 +129,7 @@ func (a *Agent) turnImages(ctx context.Context, t *agent.Turn) (images map[uint6
 			}
 			data, err := a.fetchImage(ctx, att)
 			if err != nil {
-				a.b.cfg.Logger.Warn("image not loaded", "url", att.URL, "error", err)
+				a.b.cfg.Logger.Warn("image not loaded", slog.String("url", att.URL), slog.Any("error", err))
 				failed[m.InboxSeq] = append(failed[m.InboxSeq], fmt.Sprintf("[the %s above could not be loaded: %v]", att.Kind, err))
 				continue
 			}

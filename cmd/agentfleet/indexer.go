@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"sync"
 
@@ -29,7 +30,7 @@ func (rt *runtime) startIndexer(ctx context.Context, path string, rebuild bool, 
 		if err := statedb.RemoveFiles(path); err != nil {
 			return fmt.Errorf("rebuild: %w", err)
 		}
-		rt.log.Info("state database removed for a rebuild from the streams", "db", path)
+		rt.log.Info("state database removed for a rebuild from the streams", slog.String("db", path))
 	}
 	db, err := statedb.Open(ctx, path, &statedb.Options{Logger: rt.log})
 	if err != nil {
@@ -52,7 +53,7 @@ func (rt *runtime) startIndexer(ctx context.Context, path string, rebuild bool, 
 		db.Close()
 		return err
 	}
-	rt.log.Info("indexer started", "db", db.Path())
+	rt.log.Info("indexer started", slog.String("db", db.Path()))
 	wg.Add(1)
 	go func() {
 		defer wg.Done()

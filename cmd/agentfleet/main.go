@@ -106,7 +106,7 @@ func newLogger(cfg config.Config, role string) *slog.Logger {
 	// A line logged with a traced context carries its trace id. The
 	// process's default logger is this one, so that a component left
 	// without a logger (and the standard log package) logs the same way.
-	log := slog.New(telemetry.LogHandler(h)).With("role", role)
+	log := slog.New(telemetry.LogHandler(h)).With(slog.String("role", role))
 	slog.SetDefault(log)
 	return log
 }
@@ -119,10 +119,10 @@ func signalContext(log *slog.Logger) (context.Context, context.CancelFunc) {
 	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
 	go func() {
 		sig := <-ch
-		log.Info("stopping; a second signal exits at once", "signal", sig.String())
+		log.Info("stopping; a second signal exits at once", slog.String("signal", sig.String()))
 		cancel()
 		sig = <-ch
-		log.Warn("second signal: exiting now", "signal", sig.String())
+		log.Warn("second signal: exiting now", slog.String("signal", sig.String()))
 		os.Exit(130)
 	}()
 	return ctx, func() { signal.Stop(ch); cancel() }

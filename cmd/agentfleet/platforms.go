@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 
@@ -77,14 +78,14 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 				defer wg.Done()
 				_ = s.Run(ctx, a.Poll)
 			}()
-			rt.log.Info("telegram polling enabled", "lease", s.Key())
+			rt.log.Info("telegram polling enabled", slog.String("lease", s.Key()))
 		default:
 			h, err := a.WebhookHandler()
 			if err != nil {
 				return nil, fmt.Errorf("platforms.telegram: %w", err)
 			}
 			p.routes["/webhooks/telegram"] = h
-			rt.log.Info("telegram webhook enabled", "path", "/webhooks/telegram")
+			rt.log.Info("telegram webhook enabled", slog.String("path", "/webhooks/telegram"))
 		}
 		cfg := telegram.DeliveryConfig(a.Sender())
 		cfg.LiveEdits = tg.LiveEdits
@@ -127,7 +128,7 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 				return nil, err
 			}
 			p.routes["/webhooks/slack"] = h
-			rt.log.Info("slack events endpoint enabled", "path", "/webhooks/slack")
+			rt.log.Info("slack events endpoint enabled", slog.String("path", "/webhooks/slack"))
 		}
 		if sl.Mode == config.SlackModeSocket {
 			s, err := ingress.NewSingleton(js, res, ingress.SingletonConfig{Names: rt.names, Kind: "slack_socket",
@@ -141,7 +142,7 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 				defer wg.Done()
 				_ = s.Run(ctx, func(ctx context.Context) error { return a.SocketMode(ctx, sl.AppToken) })
 			}()
-			rt.log.Info("slack socket mode enabled", "lease", s.Key())
+			rt.log.Info("slack socket mode enabled", slog.String("lease", s.Key()))
 		}
 		scfg := slack.DeliveryConfig(a.Sender())
 		scfg.LiveEdits = sl.LiveEdits
@@ -178,7 +179,7 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 			return nil, fmt.Errorf("platforms.whatsapp: %w", err)
 		}
 		p.routes["/webhooks/whatsapp"] = h
-		rt.log.Info("whatsapp webhook enabled", "path", "/webhooks/whatsapp")
+		rt.log.Info("whatsapp webhook enabled", slog.String("path", "/webhooks/whatsapp"))
 		if err := p.startDelivery(ctx, rt, js, res, whatsapp.DeliveryConfig(a.Sender())); err != nil {
 			p.stop()
 			return nil, err
@@ -199,7 +200,7 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 				return nil, fmt.Errorf("platforms.discord: %w", err)
 			}
 			p.routes["/webhooks/discord"] = h
-			rt.log.Info("discord interactions endpoint enabled", "path", "/webhooks/discord")
+			rt.log.Info("discord interactions endpoint enabled", slog.String("path", "/webhooks/discord"))
 		}
 		s, err := ingress.NewSingleton(js, res, ingress.SingletonConfig{Names: rt.names, Kind: "discord_gateway",
 			ID: ingress.TokenID(dc.Token), Logger: rt.log})
@@ -212,7 +213,7 @@ func (rt *runtime) startPlatforms(ctx context.Context, js jetstream.JetStream, r
 			defer wg.Done()
 			_ = s.Run(ctx, a.Gateway)
 		}()
-		rt.log.Info("discord gateway enabled", "lease", s.Key())
+		rt.log.Info("discord gateway enabled", slog.String("lease", s.Key()))
 		if err := p.startDelivery(ctx, rt, js, res, discord.DeliveryConfig(a.Sender())); err != nil {
 			p.stop()
 			return nil, err

@@ -58,10 +58,10 @@ func (rt *runtime) startMetrics(ctx context.Context, role string, prometheus boo
 	}
 	rt.metrics = p
 	if p.OTLP() != "" {
-		rt.log.Info("exporting metrics over OTLP", "protocol", p.OTLP())
+		rt.log.Info("exporting metrics over OTLP", slog.String("protocol", p.OTLP()))
 	}
 	if p.Traces() != "" {
-		rt.log.Info("exporting traces over OTLP", "protocol", p.Traces())
+		rt.log.Info("exporting traces over OTLP", slog.String("protocol", p.Traces()))
 	}
 	if addr == "" {
 		return nil
@@ -73,7 +73,7 @@ func (rt *runtime) startMetrics(ctx context.Context, role string, prometheus boo
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", p.Handler())
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	rt.log.Info("metrics listening", "addr", ln.Addr().String())
+	rt.log.Info("metrics listening", slog.String("addr", ln.Addr().String()))
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
@@ -188,7 +188,7 @@ func (rt *runtime) provision(ctx context.Context, js jetstream.JetStream) (*brok
 		return nil, err
 	}
 	for _, w := range res.Warnings {
-		rt.log.Warn("provisioning kept an existing setting", "detail", w)
+		rt.log.Warn("provisioning kept an existing setting", slog.String("detail", w))
 	}
 	return res, nil
 }
@@ -206,7 +206,7 @@ func (rt *runtime) close() {
 	if rt.metrics != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := rt.metrics.Shutdown(ctx); err != nil {
-			rt.log.Warn("metrics shutdown", "error", err)
+			rt.log.Warn("metrics shutdown", slog.Any("error", err))
 		}
 		cancel()
 	}
@@ -351,7 +351,7 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 	mux.Handle("/", plats.handler(srv.Handler()))
 	// A server span per request, the webhooks' included.
 	hs := &http.Server{Handler: telemetry.HTTPHandler(rt.tracer(), mux), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-	rt.log.Info("http listening", "addr", ln.Addr().String())
+	rt.log.Info("http listening", slog.String("addr", ln.Addr().String()))
 	instance := fmt.Sprintf("%s-%d", hostID(), os.Getpid())
 	svc, err := telemetry.AddService(nc, telemetry.ServiceConfig{Name: rt.names.ServiceName("ingress"), Version: version,
 		Description: "agentfleet ingress: the HTTP adapter and the reply delivery",
@@ -427,7 +427,7 @@ func upCommand() *cli.Command {
 			log := newLogger(cfg, "up")
 			if from := src.Of("nats.url"); from != "" {
 				log.Info("nats.url is not used by up: it runs its own embedded NATS server, which other processes reach at embedded.listen (--nats-listen)",
-					"url", broker.RedactURL(cfg.NATS.URL), "from", from, "embedded_listen", cfg.Embedded.Listen)
+					slog.String("url", broker.RedactURL(cfg.NATS.URL)), slog.String("from", from), slog.String("embedded_listen", cfg.Embedded.Listen))
 			}
 			rt, err := newRuntime(cfg, log)
 			if err != nil {
@@ -445,7 +445,7 @@ func upCommand() *cli.Command {
 			rt.srv = srv
 			defer rt.close()
 			if cfg.Embedded.Listen != "" {
-				log.Info("nats listening", "url", srv.ClientURL())
+				log.Info("nats listening", slog.String("url", srv.ClientURL()))
 			}
 			ctx, stop := signalContext(log)
 			defer stop()
@@ -470,7 +470,7 @@ func upCommand() *cli.Command {
 				return abortStart(ctx, stop, &wg, err)
 			}
 			provisioned.Store(true)
-			log.Info("agentfleet up", "http", cfg.HTTP.Addr, "workers", c.Int("workers"), "data", cfg.Embedded.DataDir)
+			log.Info("agentfleet up", slog.String("http", cfg.HTTP.Addr), slog.Int("workers", c.Int("workers")), slog.String("data", cfg.Embedded.DataDir))
 			return waitRoles(ctx, stop, &wg, errs)
 		},
 	}
@@ -539,7 +539,7 @@ func natsCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			log.Info("nats node up", "url", srv.ClientURL(), "data", data, "sync", cfg.Embedded.Sync, "cluster", c.String("cluster-name"))
+			log.Info("nats node up", slog.String("url", srv.ClientURL()), slog.String("data", data), slog.String("sync", cfg.Embedded.Sync), slog.String("cluster", c.String("cluster-name")))
 			ctx, stop := signalContext(log)
 			defer stop()
 			<-ctx.Done()

@@ -73,7 +73,7 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
-		log.Error("listen", "error", err)
+		log.Error("listen", slog.Any("error", err))
 		os.Exit(1)
 	}
 	fmt.Printf("listening on http://%s\n", ln.Addr())
@@ -89,7 +89,7 @@ func main() {
 		_ = srv.Shutdown(shutdown)
 	}()
 	if err := srv.Serve(ln); err != nil && err != http.ErrServerClosed {
-		log.Error("serve", "error", err)
+		log.Error("serve", slog.Any("error", err))
 		os.Exit(1)
 	}
 }

@@ -288,6 +288,6 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, err e
 	if status >= 500 {
 		level = slog.LevelWarn
 	}
-	c.log.Log(r.Context(), level, "console request failed", "method", r.Method, "path", r.URL.Path, "status", status, "error", err)
+	c.log.LogAttrs(r.Context(), level, "console request failed", slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Int("status", status), slog.Any("error", err))
 	c.render(w, r, status, "error", page{Title: http.StatusText(status), Error: err.Error(), Authed: c.admitted(token(r))})
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"log/slog"
 	"net/http"
 	"slices"
 	"sort"
@@ -156,7 +157,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, nam
 	}
 	var b bytes.Buffer
 	if err := c.tmpl[name].ExecuteTemplate(&b, "layout", p); err != nil {
-		c.log.Warn("console template", "page", name, "error", err)
+		c.log.Warn("console template", slog.String("page", name), slog.Any("error", err))
 		http.Error(w, "the page could not be rendered", http.StatusInternalServerError)
 		return
 	}
@@ -850,6 +851,6 @@ func (c *Console) handleAction(w http.ResponseWriter, r *http.Request) {
 		}
 		out.Outcome, out.BackLabel = fmt.Sprintf("Purged %d dead letter(s).", n), "Back to the dead letters"
 	}
-	c.log.Info("console action", "op", op, "lane", lane, "args", args, "seq", seqArg, "outcome", out.Outcome)
+	c.log.Info("console action", slog.String("op", op), slog.String("lane", lane), slog.String("args", args), slog.String("seq", seqArg), slog.String("outcome", out.Outcome))
 	c.render(w, r, http.StatusOK, "outcome", page{Title: "Done", Data: out})
 }
