@@ -3,15 +3,18 @@ package provider_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"regexp"
 	"sort"
 	"strings"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/agentfleet/agentfleet/telemetry/provider"
+	"github.com/agentfleet/agentfleet/test/natstest"
 )
 
 // deployExprs returns the PromQL expressions of the Grafana dashboard and
@@ -69,7 +72,7 @@ func deployExprs(t *testing.T) map[string][]string {
 	}
 	// The alerts the fleet's operators are promised.
 	for _, a := range []string{"AgentfleetBacklogGrowing", "AgentfleetDeadLetters", "AgentfleetDeliveryFailures",
-		"AgentfleetNoWatcherLeader", "AgentfleetSpuriousTakeovers"} {
+		"AgentfleetNoWatcherLeader", "AgentfleetSpuriousTakeovers", "AgentfleetPartitionBacklog"} {
 		if !alerts[a] {
 			t.Errorf("no alert rule %s", a)
 		}
@@ -95,10 +98,18 @@ func TestDeployReferencesExposedMetrics(t *testing.T) {
 	_, seq := f.send(t, "deploy-a", "one", 0)
 	f.send(t, "deploy-a", "two", seq)
 
-	fams, err := scrape(f.hc, f.base+"/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The backlog gauges appear once the watcher's leader has counted.
+	var fams map[string]*dto.MetricFamily
+	natstest.WaitFor(t, waitTimeout, "the inbox backlog gauges", func() error {
+		var err error
+		if fams, err = scrape(f.hc, f.base+"/metrics"); err != nil {
+			return err
+		}
+		if fams["agentfleet_inbox_backlog"] == nil {
+			return fmt.Errorf("no agentfleet_inbox_backlog yet")
+		}
+		return nil
+	})
 	labels := map[string]bool{"le": true}
 	for _, fam := range fams {
 		for _, m := range fam.GetMetric() {
@@ -134,7 +145,7 @@ func TestDeployReferencesExposedMetrics(t *testing.T) {
 					t.Errorf("%s: label %s is on no series (expression %q)", file, m[1], e)
 				}
 			}
-			for _, m := range regexp.MustCompile(`by \(([^)]*)\)`).FindAllStringSubmatch(e, -1) {
+			for _, m := range regexp.MustCompile(`\b(?:by|without|on|ignoring) \(([^)]*)\)`).FindAllStringSubmatch(e, -1) {
 				for _, l := range strings.Split(m[1], ",") {
 					if l = strings.TrimSpace(l); l != "" && !labels[l] {
 						t.Errorf("%s: label %s is on no series (expression %q)", file, l, e)
