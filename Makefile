@@ -1,7 +1,7 @@
 # The usual targets. CI runs .ci/run.
 GO ?= go
 
-.PHONY: all build test short race vet lint fmt bench ci up tidy screenshots image compose-up compose-down compose-test compose-smoke
+.PHONY: all build test short race vet lint fmt bench ci up tidy check-observability screenshots image compose-up compose-down compose-test compose-smoke
 
 all: vet test
 
@@ -33,6 +33,21 @@ lint: vet
 BENCH ?=
 bench: build
 	./bin/agentfleet bench $(BENCH)
+
+# The alert rules and Prometheus configuration of deploy/observability,
+# checked by promtool (check rules, check config, and the rule unit tests
+# in alerts_test.yml). promtool is built from its Go module into
+# build/tools on first use (PROMTOOL names another binary).
+PROMETHEUS_VERSION ?= v0.316.0
+PROMTOOL ?= $(CURDIR)/build/tools/promtool
+
+$(CURDIR)/build/tools/promtool:
+	GOBIN=$(CURDIR)/build/tools $(GO) install github.com/prometheus/prometheus/cmd/promtool@$(PROMETHEUS_VERSION)
+
+check-observability: $(PROMTOOL)
+	$(PROMTOOL) check rules deploy/observability/alerts.yml
+	$(PROMTOOL) check config --syntax-only deploy/observability/prometheus.yml
+	$(PROMTOOL) test rules deploy/observability/alerts_test.yml
 
 ci:
 	bash .ci/run
