@@ -374,4 +374,25 @@ func TestTraceFromRequestToDeliveredReply(t *testing.T) {
 	if turnLines == 0 {
 		t.Error("no turn log line")
 	}
+	// Every line logged about the turn (those naming its turn id: the cut
+	// attempt's, the recovery's, the resumed attempt's) carries the lane,
+	// the session id and the request's trace id.
+	inTurn := map[string]int{}
+	for _, l := range logs.lines() {
+		if l[telemetry.TurnIDKey] == nil {
+			continue
+		}
+		inTurn[fmt.Sprint(l["msg"])]++
+		if l[telemetry.TraceIDKey] != traceID.String() || l[telemetry.LaneKey] == nil || l[telemetry.SessionIDKey] == nil ||
+			l[telemetry.TurnIDKey] != attr(resumed, telemetry.AttrTurnID).AsString() {
+			t.Errorf("log line of the turn %v: want its lane, session id, turn id and trace %s", l, traceID)
+		}
+	}
+	// The cut attempt's end, the recovery's decision and the resumed
+	// attempt's end.
+	for _, msg := range []string{"turn abandoned", "resuming interrupted turn", "turn ended"} {
+		if inTurn[msg] == 0 {
+			t.Errorf("log lines of the turn %v: no %q line", inTurn, msg)
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/telemetry"
 	"github.com/agentfleet/agentfleet/transcript"
 )
 
@@ -125,6 +126,11 @@ func (l *lane) decisionNotes(dec session.Decision, policy session.ResetPolicy, p
 func (l *lane) recoverTurn() error {
 	w := l.w
 	t := l.entry.Turn.Clone()
+	// The recovery's lines are lines of the interrupted turn: they carry
+	// its session and turn ids and the trace of its latest attempt, until
+	// the resumed attempt (execute) names its own span.
+	l.logScope.Set(telemetry.TurnAttrs(t.SessionID, t.ID, telemetry.ParseTraceParent(t.TraceParent))...)
+	defer l.logScope.Clear()
 	w.stats.Recoveries.Add(1)
 	w.cfg.Metrics.LeaseTakeover(context.Background())
 	st, err := l.txFor(t.SessionID)
@@ -185,7 +191,7 @@ func (l *lane) recoverTurn() error {
 				return l.failed(err)
 			}
 		}
-		l.log.Info("resume cancelled by a command already in the inbox", slog.String("turn", t.ID))
+		l.log.Info("resume cancelled by a command already in the inbox")
 		return l.finish(st, t, StatusStopped, nil, nil)
 	}
 
@@ -197,7 +203,7 @@ func (l *lane) recoverTurn() error {
 	// not dead-letter a message: see interruptedCount.
 	interrupted := l.interruptedCount(t)
 	if interrupted == l.entry.InterruptedTurns {
-		l.log.Info("previous attempt ended by a failed write, not a crash; not counted", slog.String("turn", t.ID), slog.Int("attempt", t.Attempt), slog.Int("interrupted_turns", interrupted))
+		l.log.Info("previous attempt ended by a failed write, not a crash; not counted", slog.Int("attempt", t.Attempt), slog.Int("interrupted_turns", interrupted))
 	}
 	if interrupted >= MaxInterruptedTurns {
 		return l.deadLetter(st, t, msgs, src, interrupted)
@@ -222,10 +228,10 @@ func (l *lane) recoverTurn() error {
 		l.holdsGate = true
 		defer func() { l.holdsGate = false }()
 		if alone {
-			l.log.Info("last attempt of an interrupted turn: running it alone", slog.String("turn", t.ID), slog.Int("interrupted_turns", interrupted))
+			l.log.Info("last attempt of an interrupted turn: running it alone", slog.Int("interrupted_turns", interrupted))
 		} else {
 			l.log.Warn("last attempt of an interrupted turn: other turns still run after the wait; running it beside them",
-				slog.String("turn", t.ID), slog.Int("interrupted_turns", interrupted), slog.Duration("waited", w.cfg.LeaseTTL), slog.Int("turns_running", w.turns.inUse()))
+				slog.Int("interrupted_turns", interrupted), slog.Duration("waited", w.cfg.LeaseTTL), slog.Int("turns_running", w.turns.inUse()))
 		}
 	}
 	// Retry only the first message of the range, so a poison message
@@ -260,7 +266,7 @@ func (l *lane) recoverTurn() error {
 	if done, err := l.recordAttempt(t, interrupted, func(e *session.SessionEntry) { e.MarkResumePending(reason, w.cfg.Now()) }); done {
 		return err
 	}
-	l.log.Info("resuming interrupted turn", slog.String("turn", t.ID), slog.Int("attempt", t.Attempt), slog.String("reason", reason), slog.Int("interrupted_turns", interrupted))
+	l.log.Info("resuming interrupted turn", slog.Int("attempt", t.Attempt), slog.String("reason", reason), slog.Int("interrupted_turns", interrupted))
 	w.event("resume", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "attempt": t.Attempt, "reason": reason})
 	w.cfg.Metrics.TurnResumed(context.Background())
 	l.turnEvent("start", t, "")
@@ -281,7 +287,7 @@ func (l *lane) recoverRetry(st *txState, t *session.TurnIntent, msgs []inboxMsg,
 	if done, err := l.recordAttempt(t, interrupted, nil); done {
 		return err
 	}
-	l.log.Info("resuming interrupted /retry", slog.String("turn", t.ID), slog.Int("attempt", t.Attempt), slog.Int("interrupted_turns", interrupted))
+	l.log.Info("resuming interrupted /retry", slog.Int("attempt", t.Attempt), slog.Int("interrupted_turns", interrupted))
 	return l.runCommandIntent(t, msgs)
 }
 
@@ -379,7 +385,7 @@ func (l *lane) parkStale(st *txState, t *session.TurnIntent, msgs []inboxMsg, re
 		}
 	}
 	updated := l.entry.UpdatedAt
-	l.log.Info("interrupted turn is stale; not resumed until the next message", slog.String("turn", t.ID), slog.Time("interrupted_at", at), slog.String("reason", reason))
+	l.log.Info("interrupted turn is stale; not resumed until the next message", slog.Time("interrupted_at", at), slog.String("reason", reason))
 	l.w.event("resume_stale", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "reason": reason, "interrupted_at": at})
 	return l.finish(st, t, StatusInterrupted, nil, func(e *session.SessionEntry) {
 		e.MarkResumePending(reason, at)
@@ -456,7 +462,7 @@ func (l *lane) deadLetter(st *txState, t *session.TurnIntent, msgs []inboxMsg, s
 		return l.failed(err)
 	}
 	w.stats.DeadLetters.Add(1)
-	l.log.Warn("turn dead-lettered; lane suspended", slog.String("turn", t.ID), slog.Uint64("first_seq", t.FirstSeq), slog.Uint64("last_seq", t.LastSeq))
+	l.log.Warn("turn dead-lettered; lane suspended", slog.Uint64("first_seq", t.FirstSeq), slog.Uint64("last_seq", t.LastSeq))
 	w.event("deadletter", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "first_seq": t.FirstSeq, "last_seq": t.LastSeq, "reason": reason})
 	return l.finish(st, t, StatusDeadLetter, nil, suspendDeadLettered)
 }
