@@ -31,7 +31,8 @@ import (
 // that counts the lane's messages above its committed seq (again from the
 // index). A lane with no new message and no backlog costs nothing more: its
 // backlog can only grow with a new message. The first count after taking
-// the lead reads every lane once, on a bounded pool.
+// the lead reads every lane once, on a bounded pool, and so does a count
+// after messages were removed from the inbox (prunes).
 
 // backlogLane is what the last count learned of one inbox subject.
 type backlogLane struct {
@@ -44,6 +45,10 @@ type backlogLane struct {
 type backlogCounter struct {
 	w     *Worker
 	lanes map[string]backlogLane
+	// The inbox's message count and last seq at the last count: messages
+	// removed since (a prune purges a lane's handled messages) show as
+	// fewer messages than the new seqs add.
+	msgs, lastSeq uint64
 }
 
 // backlogLoop counts the inbox backlog every BacklogInterval for as long as
@@ -81,12 +86,16 @@ func (c *backlogCounter) count(ctx context.Context) (*telemetry.Backlog, error) 
 	if err != nil {
 		return nil, err
 	}
-	subjects := info.State.Subjects
-	for s := range c.lanes {
-		if _, ok := subjects[s]; !ok {
-			delete(c.lanes, s) // purged
-		}
+	st := info.State
+	if st.LastSeq < c.lastSeq || st.Msgs != c.msgs+(st.LastSeq-c.lastSeq) {
+		// Messages were removed since the last count (or the stream was
+		// made anew): a lane may have lost handled messages and gained new
+		// ones with its count unchanged, so every lane is counted again.
+		// Prunes remove messages, once an hour by default.
+		clear(c.lanes)
 	}
+	c.msgs, c.lastSeq = st.Msgs, st.LastSeq
+	subjects := st.Subjects
 	var mu sync.Mutex
 	counted := map[string]backlogLane{}
 	p := newSweepPool(ctx, sweepWorkers)
