@@ -72,6 +72,31 @@ func TestUpMetricsAndServices(t *testing.T) {
 		})
 	}
 
+	// The watcher's leader (one of the two workers) exports the inbox
+	// backlog of all 64 partitions, nothing waiting once the turn is done.
+	waitFor(t, 60*time.Second, "agentfleet_inbox_backlog on "+maddr, func() error {
+		resp, err := hc.Get("http://" + maddr + "/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err := p.TextToMetricFamilies(resp.Body)
+		if err != nil {
+			return err
+		}
+		f := fams["agentfleet_inbox_backlog"]
+		if n := len(f.GetMetric()); n != 64 {
+			return fmt.Errorf("agentfleet_inbox_backlog has %d series, want 64", n)
+		}
+		for _, m := range f.GetMetric() {
+			if v := m.GetGauge().GetValue(); v != 0 {
+				return fmt.Errorf("agentfleet_inbox_backlog %v = %v, want 0", m.GetLabel(), v)
+			}
+		}
+		return nil
+	})
+
 	nc, err := nats.Connect("nats://" + naddr)
 	if err != nil {
 		t.Fatal(err)
