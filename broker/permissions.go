@@ -78,7 +78,7 @@ func Permissions(role string, n Names, inboxPrefix string) (*server.Permissions,
 		p.sub(n.BoxHintWildcard(), n.DeltaWildcard())
 		p.readStream(in, out, probe)
 		// The delivery consumers, one per platform, made by the ingress.
-		p.durable(out, "deliver_*", true)
+		p.durable(out, "*", true)
 		p.kvWrite(n.MsgIDsBucket(), n.DeliveredBucket(), n.LeasesBucket(), n.SessionsBucket(), n.SessionIDsBucket())
 		p.kvRead(n.WorkersBucket())
 		p.service()
@@ -99,8 +99,10 @@ func Permissions(role string, n Names, inboxPrefix string) (*server.Permissions,
 		p.service()
 	case RoleIndexer:
 		p.readStream(tx, ev, in)
-		p.durable(tx, "indexer_*", true)
-		p.durable(ev, "indexer_*", true)
+		p.durable(tx, "*", true)
+		p.durable(ev, "*", true)
+		// A rebuild replaces its consumers.
+		p.pub("$JS.API.CONSUMER.DELETE."+tx+".*", "$JS.API.CONSUMER.DELETE."+ev+".*")
 		p.kvRead(n.SessionsBucket(), n.SessionIDsBucket(), n.WorkersBucket(), n.LeasesBucket())
 		p.sub(n.APIPrefix() + ".>")
 		p.service()
@@ -155,7 +157,8 @@ func (p *perms) readStream(streams ...string) {
 func (p *perms) ordered(streams ...string) {
 	for _, s := range streams {
 		p.pub("$JS.API.CONSUMER.CREATE."+s, "$JS.API.CONSUMER.CREATE."+s+".>",
-			"$JS.API.CONSUMER.DELETE."+s+".>", "$JS.API.CONSUMER.INFO."+s+".>", "$JS.FC."+s+".>")
+			"$JS.API.CONSUMER.DELETE."+s+".>", "$JS.API.CONSUMER.INFO."+s+".>", "$JS.API.CONSUMER.MSG.NEXT."+s+".>",
+			"$JS.FC."+s+".>")
 	}
 }
 
