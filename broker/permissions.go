@@ -77,33 +77,45 @@ func Permissions(role string, n Names, inboxPrefix string) (*server.Permissions,
 		p.pub(n.InboxWildcard(), n.BoxWildcard(), n.ProbeSubject(), n.EventWildcard())
 		p.sub(n.BoxHintWildcard(), n.DeltaWildcard())
 		p.readStream(in, out, probe)
-		// The delivery consumers, one per platform, made by the ingress.
+		// The delivery consumers, one per platform (deliver_<platform>),
+		// made by the ingress; the consumer metrics list them.
 		p.durable(out, "*", true)
-		p.kvWrite(n.MsgIDsBucket(), n.DeliveredBucket(), n.LeasesBucket(), n.SessionsBucket(), n.SessionIDsBucket())
-		p.kvRead(n.WorkersBucket())
+		p.pub("$JS.API.CONSUMER.LIST."+in, "$JS.API.CONSUMER.LIST."+out)
+		// Message ids, delivered replies, the leases of singleton platform
+		// connections; reads of session records and the worker registry.
+		p.kvWrite(n.MsgIDsBucket(), n.DeliveredBucket(), n.LeasesBucket())
+		p.kvRead(n.SessionsBucket(), n.WorkersBucket())
 		p.service()
 		if role == RoleConsole {
+			// The console's pages read transcripts, events, dead letters
+			// and the state database; its actions break leases (above),
+			// publish commands (the inbox, above) and delete dead letters.
 			p.readStream(tx, ev)
-			p.ordered(tx, ev, in, out)
-			p.pub(n.APIPrefix() + ".>")
-			p.pub("$SRV.>")
+			p.ordered(tx, ev)
+			p.kvRead(n.SessionIDsBucket())
+			p.pub(n.APIPrefix()+".>", "$SRV.>", "$JS.API.STREAM.MSG.DELETE."+ev, "$JS.API.STREAM.PURGE."+ev)
 		}
 	case RoleWorker:
+		// Transcripts, replies, events, dead letters, streamed deltas,
+		// cache evictions, and internal messages into lanes' inboxes.
 		p.pub(n.TranscriptWildcard(), n.OutboxWildcard(), n.EventWildcard(), n.DeadLetterWildcard(),
 			n.DeltaWildcard(), n.EvictSubject(), n.InboxWildcard())
 		p.sub(n.HintWildcard(), n.EvictSubject())
 		p.readStream(in, tx, out, ev)
 		p.durable(in, n.WorkersConsumer(), false)
-		p.ordered(tx, in)
-		p.kvWrite(n.SessionsBucket(), n.SessionIDsBucket(), n.LeasesBucket(), n.WorkersBucket(), n.MsgIDsBucket(), n.DeliveredBucket())
+		p.ordered(tx)
+		p.kvWrite(n.SessionsBucket(), n.SessionIDsBucket(), n.LeasesBucket(), n.WorkersBucket(), n.MsgIDsBucket())
+		// Resuming a session asks the state database (statedb.EndpointSessions).
+		p.pub(n.APISubject("sessions"))
 		p.service()
 	case RoleIndexer:
-		p.readStream(tx, ev, in)
+		p.readStream(tx, ev)
 		p.durable(tx, "*", true)
 		p.durable(ev, "*", true)
-		// A rebuild replaces its consumers.
-		p.pub("$JS.API.CONSUMER.DELETE."+tx+".*", "$JS.API.CONSUMER.DELETE."+ev+".*")
-		p.kvRead(n.SessionsBucket(), n.SessionIDsBucket(), n.WorkersBucket(), n.LeasesBucket())
+		// A rebuild replaces its consumers; the consumer metrics list them.
+		p.pub("$JS.API.CONSUMER.DELETE."+tx+".*", "$JS.API.CONSUMER.DELETE."+ev+".*",
+			"$JS.API.CONSUMER.LIST."+tx, "$JS.API.CONSUMER.LIST."+ev)
+		p.kvRead(n.SessionsBucket(), n.SessionIDsBucket())
 		p.sub(n.APIPrefix() + ".>")
 		p.service()
 	case RoleHealthcheck:

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -70,7 +71,7 @@ func freeAddr(t *testing.T) string {
 // healthchecks pass, and no role hit a permission violation.
 func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	var users []broker.ServerUser
-	for _, role := range []string{broker.RoleAdmin, broker.RoleIngress, broker.RoleWorker, broker.RoleIndexer, broker.RoleHealthcheck} {
+	for _, role := range []string{broker.RoleAdmin, broker.RoleIngress, broker.RoleWorker, broker.RoleIndexer, broker.RoleHealthcheck, broker.RoleConsole} {
 		users = append(users, broker.ServerUser{User: role, Password: role + "-pw", Role: role, InboxPrefix: "_INBOX_" + role})
 	}
 	srv, err := broker.StartServer(broker.ServerConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Users: users})
@@ -100,7 +101,14 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	newRole := func(role string) *runtime {
 		rec := &logRecorder{}
 		logs[role] = rec
-		rt, err := newRuntime(roleConfig(role), slog.New(rec))
+		cfg := roleConfig(role)
+		if role == broker.RoleWorker || role == broker.RoleIndexer {
+			cfg.Telemetry.MetricsAddr = freeAddr(t)
+		}
+		if role == broker.RoleConsole {
+			cfg.HTTP.Token = "console-token"
+		}
+		rt, err := newRuntime(cfg, slog.New(rec))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -144,11 +152,24 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	ing := newRole(broker.RoleIngress)
 	rts = append(rts, ing)
 	addr := freeAddr(t)
+	if err := ing.startMetrics(rctx, "ingress", true, &wg, errs); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := ing.startIngress(rctx, addr, &wg, errs, nil); err != nil {
+		t.Fatal(err)
+	}
+	// A second ingress serving the console, as a console user.
+	con := newRole(broker.RoleConsole)
+	rts = append(rts, con)
+	conAddr := freeAddr(t)
+	if _, err := con.startIngress(rctx, conAddr, &wg, errs, nil); err != nil {
 		t.Fatal(err)
 	}
 	wrk := newRole(broker.RoleWorker)
 	rts = append(rts, wrk)
+	if err := wrk.startMetrics(rctx, "worker", false, &wg, errs); err != nil {
+		t.Fatal(err)
+	}
 	b, err := backend(ctx, wrk.cfg, false, wrk.log)
 	if err != nil {
 		t.Fatal(err)
@@ -159,6 +180,9 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	}
 	idx := newRole(broker.RoleIndexer)
 	rts = append(rts, idx)
+	if err := idx.startMetrics(rctx, "indexer", false, &wg, errs); err != nil {
+		t.Fatal(err)
+	}
 	if err := idx.startIndexer(rctx, filepath.Join(t.TempDir(), "state.db"), false, &wg, errs); err != nil {
 		t.Fatal(err)
 	}
@@ -186,6 +210,33 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	resp.Body.Close()
 	if len(got.Replies) == 0 || !strings.Contains(got.Replies[0].Text, "hello roles") {
 		t.Fatalf("replies: %+v", got)
+	}
+
+	// The metrics (which list the consumers of each role's streams).
+	get := func(url, token string) string {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %d %s", url, resp.StatusCode, body)
+		}
+		return string(body)
+	}
+	get("http://"+addr+"/metrics", "")
+	get("http://"+wrk.cfg.Telemetry.MetricsAddr+"/metrics", "")
+	get("http://"+idx.cfg.Telemetry.MetricsAddr+"/metrics", "")
+
+	// The console's pages, as the console user.
+	for _, page := range []string{"/console/fleet", "/console/lanes", "/console/events", "/console/deadletters", "/console/search?q=hello"} {
+		get("http://"+conAddr+page, "console-token")
 	}
 
 	// The healthchecks, as the healthcheck user.
