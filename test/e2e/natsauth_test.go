@@ -199,3 +199,62 @@ func TestLeastPrivilegeFleet(t *testing.T) {
 		}
 	}
 }
+
+// TestUpWithNATSUsers: `agentfleet up` with a users file on its NATS port
+// still answers (its own roles connect in process, as a user no network
+// client can use), while a network client needs one of the users.
+func TestUpWithNATSUsers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("e2e: multi-process tests are skipped under -short")
+	}
+	t.Parallel()
+	dir := t.TempDir()
+	natsAddr, httpAddr := freeAddr(t), freeAddr(t)
+	usersFile := filepath.Join(dir, "users.yaml")
+	if err := os.WriteFile(usersFile, []byte("users:\n  - {user: worker, password: worker-pw, role: worker}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	up := newProc(t, dir, "up", []string{"AGENTFLEET_SESSION_RESET_MODE=none", "AGENTFLEET_TELEMETRY_LOG_FORMAT=text"},
+		"up", "--data", filepath.Join(dir, "data"), "--http", httpAddr, "--nats-listen", natsAddr, "--nats-users", usersFile)
+	up.start()
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	hc := &http.Client{Transport: tr, Timeout: 60 * time.Second}
+	base := "http://" + httpAddr
+	waitReady(t, hc, base, up)
+	body, _ := json.Marshal(map[string]string{"chat_id": "up-users", "text": "hello", "message_id": "1"})
+	resp, err := hc.Post(base+"/v1/messages", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var a acceptResp
+	if resp.StatusCode != http.StatusAccepted || json.Unmarshal(data, &a) != nil {
+		t.Fatalf("POST: %d %s", resp.StatusCode, data)
+	}
+	waitFor(t, 60*time.Second, "the reply", func() error {
+		resp, err := hc.Get(base + "/v1/sessions/" + a.SessionKey + "/replies?after=0&wait=5s")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var r struct{ Replies []reply }
+		if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+			return err
+		}
+		if len(r.Replies) == 0 {
+			return fmt.Errorf("no reply yet")
+		}
+		return nil
+	})
+	if nc, err := nats.Connect("nats://"+natsAddr, nats.Timeout(5*time.Second)); err == nil {
+		nc.Close()
+		t.Error("a client without credentials was admitted")
+	}
+	nc, err := nats.Connect("nats://"+natsAddr, nats.UserInfo("worker", "worker-pw"), nats.Timeout(5*time.Second))
+	if err != nil {
+		t.Fatalf("the worker user: %v", err)
+	}
+	nc.Close()
+}
