@@ -3,6 +3,8 @@ package broker_test
 import (
 	"context"
 	"errors"
+	"flag"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -176,5 +178,69 @@ func TestRolesAreRefusedOutsideTheirSets(t *testing.T) {
 	case v := <-admin.violations:
 		t.Errorf("admin got a violation: %s", v)
 	default:
+	}
+}
+
+var update = flag.Bool("update", false, "rewrite the permission table in docs/security.md")
+
+const (
+	securityDoc = "../docs/security.md"
+	permBegin   = "<!-- BEGIN PERMISSION TABLE: generated from broker.Permissions by `go test ./broker -run TestPermissionTableInDocs -update`; do not edit -->"
+	permEnd     = "<!-- END PERMISSION TABLE -->"
+)
+
+func permissionTable(t *testing.T) string {
+	var b strings.Builder
+	b.WriteString("| Role | Publish | Subscribe | Replies to requests it received |\n|---|---|---|---|\n")
+	code := func(s []string) string {
+		out := make([]string, len(s))
+		for i, x := range s {
+			out[i] = "`" + x + "`"
+		}
+		return strings.Join(out, "<br>")
+	}
+	for _, role := range broker.Roles() {
+		p, err := broker.Permissions(role, broker.MustNames(""), "_INBOX_"+role)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case role == broker.RoleSystem:
+			b.WriteString("| `" + role + "` | everything in the system account | everything in the system account; no fleet subject | yes |\n")
+			continue
+		case p == nil:
+			b.WriteString("| `" + role + "` | everything | everything | yes |\n")
+			continue
+		}
+		resp := "no"
+		if p.Response != nil {
+			resp = "yes"
+		}
+		b.WriteString("| `" + role + "` | " + code(p.Publish.Allow) + " | " + code(p.Subscribe.Allow) + " | " + resp + " |\n")
+	}
+	return b.String()
+}
+
+// TestPermissionTableInDocs: docs/security.md shows the permission sets the
+// code gives.
+func TestPermissionTableInDocs(t *testing.T) {
+	data, err := os.ReadFile(securityDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, rest, ok1 := strings.Cut(string(data), permBegin+"\n")
+	_, after, ok2 := strings.Cut(rest, permEnd)
+	if !ok1 || !ok2 {
+		t.Fatalf("%s lacks the permission table markers", securityDoc)
+	}
+	want := before + permBegin + "\n" + permissionTable(t) + permEnd + after
+	if *update {
+		if err := os.WriteFile(securityDoc, []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if string(data) != want {
+		t.Error("docs/security.md's permission table is stale: run go test ./broker -run TestPermissionTableInDocs -update")
 	}
 }
