@@ -51,8 +51,10 @@ const DefaultInboxPrefix = "_INBOX"
 // another account).
 //
 // The sets were derived by running each role against a server enforcing
-// them and reading the permission violations (see the tests of
-// TestRolesRunUnderTheirPermissions).
+// them and reading the permission violations its connection reported
+// (cmd/agentfleet's TestRolesRunUnderTheirPermissions fails on any), and
+// from the code paths that test does not reach (dead-letter actions of the
+// console, the worker's resume lookup in the state database).
 func Permissions(role string, n Names, inboxPrefix string) (*server.Permissions, error) {
 	if inboxPrefix == "" {
 		inboxPrefix = DefaultInboxPrefix

@@ -275,3 +275,29 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 		}
 	}
 }
+
+// TestNATSPermissionsCommand prints nats-server entries for the roles asked
+// for, with an nkey instead of a password when given, and refuses an
+// unknown role.
+func TestNATSPermissionsCommand(t *testing.T) {
+	var out strings.Builder
+	app := newApp()
+	app.Writer = &out
+	nkey := "UDXU4RCSJNZOIQHZNWXHXORDPRTGNJAHAHFRGZNEEJCPQTT2M7NLCNF4"
+	t.Setenv("AGENTFLEET_NATS_PREFIX", "acme")
+	if err := app.Run([]string{"agentfleet", "nats-permissions", "--role", "worker", "--role", "indexer", "--nkey", nkey, "--inbox-prefix", "_INBOX_w"}); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	for _, want := range []string{`role "worker", prefix "acme"`, `role "indexer"`, `"nkey": "` + nkey + `"`, `"acme.tx.>"`, `"_INBOX_w.>"`, `"$JS.ACK.ACME_IN.>"`} {
+		if !strings.Contains(s, want) {
+			t.Errorf("output lacks %s:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "password") {
+		t.Errorf("an nkey entry has a password:\n%s", s)
+	}
+	if err := newApp().Run([]string{"agentfleet", "nats-permissions", "--role", "wizard"}); err == nil || !strings.Contains(err.Error(), "wizard") {
+		t.Errorf("unknown role: %v", err)
+	}
+}
