@@ -24,8 +24,8 @@ type lane struct {
 
 	// turnStarted is when the running turn started (its duration metric).
 	turnStarted time.Time
-	// msgids are the platform message id lookups of the step being run.
-	msgids msgidLookups
+	// msgids are the platform message id claims of the step being run.
+	msgids msgidClaims
 	// holdsGate is set while the lane runs a last-attempt turn that took
 	// its place in the worker's turn gate before it was recorded (see
 	// turnGate).
