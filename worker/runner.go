@@ -114,7 +114,7 @@ func (l *lane) run() {
 			// Wake-up step 2: another worker owns the lane.
 			l.log.Debug("lane held elsewhere", "holder", held.Owner, "rev", held.Rev)
 			l.w.stats.HeldElsewhere.Add(1)
-			l.w.heldElsewhere.Store(l.lane, heldInfo{until: time.Now().Add(500 * time.Millisecond), owner: held.Owner})
+			l.w.heldElsewhere.Store(l.lane, heldInfo{until: time.Now().Add(heldElsewhereFor), owner: held.Owner})
 			delay := time.Duration(-1)
 			if l.entry != nil && l.entry.Turn != nil {
 				// A turn in flight under someone else's lease: if that
@@ -270,3 +270,8 @@ func heldRetryDelay(expires time.Time, ttl time.Duration) time.Duration {
 	d := time.Until(expires) + slack
 	return min(max(d, slack), ttl)
 }
+
+// heldElsewhereFor is how long a worker trusts that another worker holds a
+// lane after the lease said so: its deliveries meanwhile are forwarded to
+// that worker without a look at the lease (see forward.go).
+const heldElsewhereFor = 2 * time.Second

@@ -305,14 +305,18 @@ func (w *Worker) dispatch(msg jetstream.Msg) {
 		return
 	}
 	w.traceDelivery(msg, laneTok)
+	redelivered := false
 	if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
+		redelivered = true
 		w.stats.Redelivered.Add(1)
 		w.cfg.Metrics.Redelivered(context.Background())
 	}
 	// Another worker was seen holding this lane a moment ago: forward the
 	// delivery to it (forward.go), or hand it back, without a round trip
-	// (its owner reads the lane itself).
-	if v, ok := w.heldElsewhere.Load(laneTok); ok && msg.Headers().Get(broker.HdrKind) != KindInternalHeader {
+	// (its owner reads the lane itself). A redelivery always looks at the
+	// lease: it was handed back (by a holder that stopped, say) or never
+	// acknowledged, so what this worker remembers may be stale.
+	if v, ok := w.heldElsewhere.Load(laneTok); ok && !redelivered && msg.Headers().Get(broker.HdrKind) != KindInternalHeader {
 		if h := v.(heldInfo); time.Now().Before(h.until) && h.owner != w.owner {
 			w.stats.HeldElsewhere.Add(1)
 			if !w.forward(h.owner, laneTok, msg) {
