@@ -4,6 +4,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -27,12 +30,15 @@ import (
 //
 // The lease stays the only judge of ownership: a forward is a wake-up and
 // nothing more. If the forward is lost or its target no longer runs the lane,
-// nothing is lost either way: a target that does not run the lane NAKs the
-// delivery at once (it goes back to the shared consumer), and a forward that
-// reaches nobody (the target died) leaves the delivery unacknowledged, so the
-// server delivers it again after the consumer's ack wait, as it does with the
-// deliveries a dead owner held itself; the lease-expiry wake-ups do not
-// depend on it.
+// nothing is lost either way: a target that does not run the lane starts a
+// runner for it (or NAKs the delivery at once), and a forward to a worker
+// that is gone comes back as the server's "no responders" status on the
+// forward's reply subject (the target sends nothing back otherwise): the
+// delivery is NAKed at once and its redelivery looks at the lease. A forward
+// lost any other way (a worker cut off without its connection closing)
+// leaves the delivery unacknowledged, so the server delivers it again after
+// the consumer's ack wait, as it does with the deliveries a dead owner held
+// itself; the lease-expiry wake-ups do not depend on it.
 
 // Headers of a forwarded delivery. The data is the delivery's reply subject.
 const (
@@ -67,8 +73,16 @@ func (w *Worker) forward(owner, laneTok string, msg jetstream.Msg) bool {
 	if reply == "" || owner == "" || owner == w.owner {
 		return false
 	}
+	if v, ok := w.fwd.gone.Load(owner); ok {
+		if time.Now().Before(v.(time.Time)) {
+			return false // a forward to it bounced a moment ago
+		}
+		w.fwd.gone.Delete(owner)
+	}
 	fm := nats.NewMsg(w.forwardSubject(owner))
 	fm.Data = []byte(reply)
+	id := w.fwd.add(msg, laneTok, owner)
+	fm.Reply = w.fwd.inbox + "." + id
 	fm.Header.Set(hdrFwdLane, laneTok)
 	fm.Header.Set(hdrFwdSubject, msg.Subject())
 	if k := msg.Headers().Get(broker.HdrSessionKey); k != "" {
@@ -78,6 +92,7 @@ func (w *Worker) forward(owner, laneTok string, msg jetstream.Msg) bool {
 		fm.Header.Set(broker.HdrKind, k)
 	}
 	if err := w.nc.PublishMsg(fm); err != nil {
+		w.fwd.take(id)
 		w.log.Debug("forward delivery", "lane", laneTok, "error", err)
 		return false
 	}
@@ -90,8 +105,31 @@ func (w *Worker) forward(owner, laneTok string, msg jetstream.Msg) bool {
 // a lane it does not run (released meanwhile) starts a runner, as a
 // delivery would; with no lane slot free, or while draining, it is handed
 // back at once.
-func (w *Worker) subscribeForwards() (*nats.Subscription, error) {
-	return w.nc.Subscribe(w.forwardSubject(w.owner), func(m *nats.Msg) {
+func (w *Worker) subscribeForwards() (unsub func(), err error) {
+	w.fwd.inbox = w.nc.NewInbox()
+	back, err := w.nc.Subscribe(w.fwd.inbox+".*", func(m *nats.Msg) {
+		// Only the server writes here: "no responders" for a forward whose
+		// target is gone.
+		if m.Header.Get("Status") != "503" {
+			return
+		}
+		id := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+		if p, ok := w.fwd.take(id); ok {
+			// Its target is gone: forward nothing more to it for a while
+			// (if it died holding leases, the deliveries of its lanes are
+			// handed back with a delay until its liveness lease runs out),
+			// and hand this delivery back at once: if the target stopped
+			// cleanly, its lanes are free now.
+			w.stats.ForwardsBounced.Add(1)
+			w.fwd.gone.Store(p.owner, time.Now().Add(heldElsewhereFor))
+			w.heldElsewhere.Delete(p.lane)
+			_ = p.msg.Nak()
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	sub, err := w.nc.Subscribe(w.forwardSubject(w.owner), func(m *nats.Msg) {
 		laneTok := m.Header.Get(hdrFwdLane)
 		d := &fwdDelivery{m: &nats.Msg{Subject: m.Header.Get(hdrFwdSubject), Reply: string(m.Data), Header: m.Header, Sub: m.Sub}}
 		if laneTok == "" || d.m.Reply == "" {
@@ -105,6 +143,73 @@ func (w *Worker) subscribeForwards() (*nats.Subscription, error) {
 			_ = d.Nak()
 		}
 	})
+	if err != nil {
+		back.Unsubscribe() //nolint:errcheck
+		return nil, err
+	}
+	return func() {
+		sub.Unsubscribe()  //nolint:errcheck
+		back.Unsubscribe() //nolint:errcheck
+	}, nil
+}
+
+// fwdBounceWait is how long a forward is remembered for a "no responders"
+// answer; the server sends it at once, as it routes the forward.
+const fwdBounceWait = 2 * time.Second
+
+// forwards are the forwards sent in the last fwdBounceWait, by id, so that
+// a bounced one can be handed back.
+type forwards struct {
+	inbox string // reply subjects are inbox.<id>
+	mu    sync.Mutex
+	seq   uint64
+	byID  map[string]pendingFwd
+	order []string // ids in the order sent
+	// gone holds the owner ids a forward to which bounced: owner -> time
+	// until which nothing is forwarded to it.
+	gone sync.Map
+}
+
+type pendingFwd struct {
+	msg   jetstream.Msg
+	lane  string
+	owner string
+	at    time.Time
+}
+
+// add remembers a forward of msg and returns its id, forgetting those sent
+// longer than fwdBounceWait ago.
+func (f *forwards) add(msg jetstream.Msg, lane, owner string) string {
+	now := time.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.byID == nil {
+		f.byID = map[string]pendingFwd{}
+	}
+	n := 0
+	for n < len(f.order) {
+		p, ok := f.byID[f.order[n]]
+		if ok && now.Sub(p.at) < fwdBounceWait {
+			break
+		}
+		delete(f.byID, f.order[n])
+		n++
+	}
+	f.order = append(f.order[:0], f.order[n:]...)
+	f.seq++
+	id := strconv.FormatUint(f.seq, 36)
+	f.byID[id] = pendingFwd{msg: msg, lane: lane, owner: owner, at: now}
+	f.order = append(f.order, id)
+	return id
+}
+
+// take forgets forward id and returns it, if it was still remembered.
+func (f *forwards) take(id string) (pendingFwd, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.byID[id]
+	delete(f.byID, id)
+	return p, ok
 }
 
 // fwdDelivery is a delivery another worker forwarded: its acknowledgements

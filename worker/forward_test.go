@@ -67,3 +67,4 @@ func TestDeliveriesForwardedToTheOwner(t *testing.T) {
 		t.Fatalf("%d deliveries were redelivered", r)
 	}
 }
+

@@ -57,6 +57,7 @@ type Worker struct {
 	started       time.Time
 	watcherLeader atomic.Bool
 	heldElsewhere sync.Map // lane -> heldInfo: another worker is known to hold it (forward.go)
+	fwd           forwards
 }
 
 // pullExpiry is how long a pull request of the worker waits on the server.
@@ -79,8 +80,11 @@ type Stats struct {
 	// Forwarded counts the deliveries this worker forwarded to the worker
 	// holding their lane; ForwardsReceived those other workers forwarded
 	// to it (see forward.go).
+	// ForwardsBounced counts forwards the server answered with "no
+	// responders" (their target was gone): handed back at once.
 	Forwarded        atomic.Int64
 	ForwardsReceived atomic.Int64
+	ForwardsBounced  atomic.Int64
 	// Sweeps counts the expiry sweeps this worker ran as the watcher's
 	// leader.
 	Sweeps atomic.Int64
@@ -175,12 +179,12 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("worker: subscribe evictions: %w", err)
 	}
 	defer evictSub.Unsubscribe() //nolint:errcheck
-	fwdSub, err := w.subscribeForwards()
+	unsubFwd, err := w.subscribeForwards()
 	if err != nil {
 		it.Stop()
 		return fmt.Errorf("worker: subscribe forwards: %w", err)
 	}
-	defer fwdSub.Unsubscribe() //nolint:errcheck
+	defer unsubFwd()
 
 	sweepDone := make(chan struct{})
 	go func() {
