@@ -67,4 +67,3 @@ func TestDeliveriesForwardedToTheOwner(t *testing.T) {
 		t.Fatalf("%d deliveries were redelivered", r)
 	}
 }
-
