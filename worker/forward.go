@@ -56,7 +56,7 @@ func forwardToken(owner string) string {
 // forwardSubject is the core subject on which the worker with owner id
 // owner receives the deliveries other workers forward to it.
 func (w *Worker) forwardSubject(owner string) string {
-	return w.names.Prefix() + ".ctl.fwd." + forwardToken(owner)
+	return w.names.ForwardSubject(forwardToken(owner))
 }
 
 // heldInfo is what a worker remembers of a lane another worker holds.
