@@ -272,22 +272,23 @@ func (o SearchOptions) filters() (string, []any) {
 const candidateCap = 1000
 
 func (db *DB) ftsSearch(ctx context.Context, table, match string, o SearchOptions) ([]SearchResult, error) {
-	return db.rankedSearch(ctx, table, match, "", nil, o, nil)
+	return db.rankedSearch(ctx, table, match, "", nil, o, nil, unicode61{}, wordPhrases(match))
 }
 
 // rankedSearch runs match on an FTS table (plus extra conditions on m),
-// ranks the bounded candidates and fills each result's snippet.
+// ranks the bounded candidates (rank.go) and fills each result's snippet.
 //
 // It costs three statements whatever the number of matches: the candidate
 // scan (the FTS table is the outer loop, walked newest rowid first, so the
-// candidate LIMIT stops it early; bm25 is computed for the candidates
-// only), then, for the page of results alone, one statement for their
-// sessions and one for their snippets. FTS5 prepares a MATCH (for a prefix
-// query, the merge of every term it expands to) once per statement, so the
-// snippets are never asked for one row at a time.
-func (db *DB) rankedSearch(ctx context.Context, table, match, extra string, extraArgs []any, o SearchOptions, mark func(string) string) ([]SearchResult, error) {
+// candidate LIMIT stops it early; it reads the candidates' text, which
+// ranking needs), then, for the page of results alone, one statement for
+// their sessions and one for their snippets. FTS5 prepares a MATCH (for a
+// prefix query, the merge of every term it expands to) once per statement,
+// so the snippets are never asked for one row at a time.
+func (db *DB) rankedSearch(ctx context.Context, table, match, extra string, extraArgs []any, o SearchOptions, mark func(string) string,
+	tk tokenizer, ps []qPhrase) ([]SearchResult, error) {
 	filters, args := o.filters()
-	q := `SELECT f.rowid, f.rank FROM ` + table + ` f
+	q := `SELECT f.rowid, m.content, m.tool_name, m.tool_calls FROM ` + table + ` f
 			CROSS JOIN messages m ON m.id = f.rowid CROSS JOIN sessions s ON s.id = m.session_id
 		WHERE ` + table + ` MATCH ? AND m.deleted_at IS NULL` + filters + extra + `
 		ORDER BY f.rowid DESC LIMIT ?`
@@ -297,14 +298,10 @@ func (db *DB) rankedSearch(ctx context.Context, table, match, extra string, extr
 	if err != nil {
 		return nil, fmt.Errorf("search %q: %w", match, err)
 	}
-	type cand struct {
-		id   int64
-		rank float64
-	}
-	var cands []cand
+	var cands []candidate
 	for rows.Next() {
-		var c cand
-		if err := rows.Scan(&c.id, &c.rank); err != nil {
+		var c candidate
+		if err := rows.Scan(&c.id, &c.texts[0], &c.texts[1], &c.texts[2]); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -314,8 +311,11 @@ func (db *DB) rankedSearch(ctx context.Context, table, match, extra string, extr
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("search %q: %w", match, err)
 	}
+	if err := db.rankCandidates(ctx, table, tk, ps, cands); err != nil {
+		return nil, err
+	}
 	// bm25 is lower for better matches; ties go to the newer message.
-	slices.SortFunc(cands, func(a, b cand) int {
+	slices.SortFunc(cands, func(a, b candidate) int {
 		if c := cmp.Compare(a.rank, b.rank); c != 0 {
 			return c
 		}
@@ -438,9 +438,10 @@ func (db *DB) substringSearch(ctx context.Context, query string, o SearchOptions
 	if len(terms) == 0 {
 		return []SearchResult{}, nil
 	}
-	var long, short []string
+	var long, longTerms, short []string
 	for _, t := range terms {
 		if utf8.RuneCountInString(t) >= 3 {
+			longTerms = append(longTerms, t)
 			long = append(long, `"`+strings.ReplaceAll(t, `"`, `""`)+`"`)
 		} else {
 			short = append(short, t)
@@ -456,7 +457,8 @@ func (db *DB) substringSearch(ctx context.Context, query string, o SearchOptions
 	}
 	mark := func(s string) string { return markTerms(s, short) }
 	if len(long) > 0 {
-		return db.rankedSearch(ctx, "messages_fts_trigram", strings.Join(long, " "), likes.String(), likeArgs, o, mark)
+		return db.rankedSearch(ctx, "messages_fts_trigram", strings.Join(long, " "), likes.String(), likeArgs, o, mark,
+			trigram{}, trigramPhrases(longTerms))
 	}
 	q := `SELECT m.id, m.session_id, m.role, m.timestamp, COALESCE(m.content, m.tool_name, m.tool_calls, ''),
 		s.source, s.model, s.title, s.started_at
