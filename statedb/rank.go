@@ -288,8 +288,10 @@ func (db *DB) docFreq(ctx context.Context, table string, p qPhrase, rows int64) 
 	if n < idfCountCap || !oldest.Valid {
 		return float64(n), nil
 	}
+	// Two subqueries: SQLite reads MIN or MAX of a rowid from the end of
+	// the b-tree only when it is alone in its SELECT.
 	var lo, hi int64
-	if err := db.r.QueryRowContext(ctx, `SELECT COALESCE(MIN(id), 0), COALESCE(MAX(id), 0) FROM messages`).Scan(&lo, &hi); err != nil {
+	if err := db.r.QueryRowContext(ctx, `SELECT COALESCE((SELECT MIN(id) FROM messages), 0), COALESCE((SELECT MAX(id) FROM messages), 0)`).Scan(&lo, &hi); err != nil {
 		return 0, err
 	}
 	span := float64(hi - oldest.Int64 + 1)
