@@ -181,3 +181,53 @@ func TestDocFreqEstimate(t *testing.T) {
 		}
 	}
 }
+
+// TestSearchRanksNewestCandidates: a query matching more than
+// candidateCap messages returns the best among its newest candidateCap
+// matches: older messages that bm25 would rank higher are not returned;
+// a query matching fewer ranks all of its matches.
+func TestSearchRanksNewestCandidates(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, err := Open(ctx, filepath.Join(t.TempDir(), "state.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	const old = 100
+	err = db.write(ctx, func(tx *sql.Tx) error {
+		if err := createSession(ctx, tx, NewSession{ID: "s", Source: "cli", StartedAt: time.Unix(0, 0)}); err != nil {
+			return err
+		}
+		for i := 0; i < old+candidateCap; i++ {
+			text := "needle hay hay hay hay hay"
+			if i < old {
+				text = "needle needle needle needle oldest"
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO messages (id, session_id, role, content, timestamp) VALUES (?, 's', 'user', ?, ?)`, i+1, text, i); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := db.SearchMessages(ctx, "needle", SearchOptions{Limit: 50})
+	if err != nil || len(res) != 50 {
+		t.Fatalf("needle: %d results, %v", len(res), err)
+	}
+	for _, r := range res {
+		if r.ID <= old {
+			t.Fatalf("needle returned message %d, older than the newest %d matches", r.ID, candidateCap)
+		}
+	}
+	// Among equals, the newer first.
+	if res[0].ID != old+candidateCap || res[1].ID != old+candidateCap-1 {
+		t.Fatalf("ties: first results %d, %d", res[0].ID, res[1].ID)
+	}
+	res, err = db.SearchMessages(ctx, "needle oldest", SearchOptions{Limit: 5})
+	if err != nil || len(res) != 5 || res[0].ID != old {
+		t.Fatalf("needle oldest: %+v %v", res, err)
+	}
+}
