@@ -59,7 +59,9 @@ type tokenizer interface {
 }
 
 // unicode61 mimics FTS5's default tokenizer (remove_diacritics on).
-type unicode61 struct{}
+type unicode61 struct {
+	scratch []string // the tokens of the text being counted
+}
 
 func isTokenRune(r rune) bool {
 	if r < utf8.RuneSelf {
@@ -68,9 +70,32 @@ func isTokenRune(r rune) bool {
 	return unicode.IsLetter(r) || unicode.IsNumber(r) || unicode.Is(unicode.Co, r)
 }
 
-func (unicode61) tokens(s string) []string {
-	var out []string
+// appendTokens61 appends the tokens of s to dst. An ASCII token is a
+// slice of s (copied only to lower-case it).
+func appendTokens61(dst []string, s string) []string {
 	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if !isTokenRune(rune(c)) {
+				i++
+				continue
+			}
+			j, upper := i, false
+			for j < len(s) && s[j] < utf8.RuneSelf && isTokenRune(rune(s[j])) {
+				upper = upper || s[j] >= 'A' && s[j] <= 'Z'
+				j++
+			}
+			if j == len(s) || s[j] < utf8.RuneSelf {
+				t := s[i:j]
+				if upper {
+					t = strings.ToLower(t)
+				}
+				dst = append(dst, t)
+				i = j
+				continue
+			}
+			// The token goes on with other characters: the general case.
+		}
 		r, n := utf8.DecodeRuneInString(s[i:])
 		if !isTokenRune(r) {
 			i += n
@@ -87,10 +112,10 @@ func (unicode61) tokens(s string) []string {
 			ascii = ascii && r < utf8.RuneSelf
 			j += n
 		}
-		out = append(out, fold61(s[i:j], ascii))
+		dst = append(dst, fold61(s[i:j], ascii))
 		i = j
 	}
-	return out
+	return dst
 }
 
 // fold61 lower-cases t and removes its diacritics.
@@ -108,8 +133,9 @@ func fold61(t string, ascii bool) string {
 	return b.String()
 }
 
-func (u unicode61) count(s string, ps []qPhrase, into []float64) int {
-	toks := u.tokens(s)
+func (u *unicode61) count(s string, ps []qPhrase, into []float64) int {
+	u.scratch = appendTokens61(u.scratch[:0], s)
+	toks := u.scratch
 	for i, p := range ps {
 		into[i] += float64(phraseCount(toks, p))
 	}
@@ -151,7 +177,7 @@ func foldTrigram(s string) string {
 	return strings.Map(unicode.ToLower, s)
 }
 
-func (trigram) count(s string, ps []qPhrase, into []float64) int {
+func (*trigram) count(s string, ps []qPhrase, into []float64) int {
 	f := foldTrigram(s)
 	for i, p := range ps {
 		if len(p.toks) == 0 || p.toks[0] == "" {
@@ -209,7 +235,7 @@ func wordPhrases(q string) []qPhrase {
 
 func appendPhrase(out []qPhrase, fts string) []qPhrase {
 	body := strings.TrimSuffix(fts, "*")
-	p := qPhrase{fts: fts, prefix: body != fts, toks: unicode61{}.tokens(strings.Trim(body, `"`))}
+	p := qPhrase{fts: fts, prefix: body != fts, toks: appendTokens61(nil, strings.Trim(body, `"`))}
 	if len(p.toks) == 0 {
 		return out
 	}

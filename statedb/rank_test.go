@@ -115,7 +115,7 @@ func TestRankMatchesBM25(t *testing.T) {
 		"deploy deployment", "terminal", "cmd", "服务器服务器", "aaa",
 	} {
 		m := SanitizeQuery(q)
-		check("messages_fts", unicode61{}, m, wordPhrases(m))
+		check("messages_fts", &unicode61{}, m, wordPhrases(m))
 	}
 	for _, terms := range [][]string{{"部署"}, {"服务器"}, {"aaa"}, {"ploy"}, {"ploy", "ter"}, {common[1:5]}, {"CAFÉ"}, {`a"b`}} {
 		var long []string
@@ -130,7 +130,7 @@ func TestRankMatchesBM25(t *testing.T) {
 		if n == 0 {
 			continue // a term below a trigram, or absent: nothing to compare
 		}
-		check("messages_fts_trigram", trigram{}, match, trigramPhrases(terms))
+		check("messages_fts_trigram", &trigram{}, match, trigramPhrases(terms))
 	}
 }
 

@@ -226,7 +226,7 @@ func (db *DB) SearchMessages(ctx context.Context, query string, o SearchOptions)
 func (db *DB) allWords(ctx context.Context, query string) (bool, error) {
 	seen := map[string]bool{}
 	for _, term := range searchTerms(query) {
-		for _, w := range (unicode61{}).tokens(term) {
+		for _, w := range appendTokens61(nil, term) {
 			if seen[w] {
 				continue
 			}
@@ -279,7 +279,7 @@ func (o SearchOptions) filters() (string, []any) {
 const candidateCap = 1000
 
 func (db *DB) ftsSearch(ctx context.Context, table, match string, o SearchOptions) ([]SearchResult, error) {
-	return db.rankedSearch(ctx, table, match, "", nil, o, nil, unicode61{}, wordPhrases(match))
+	return db.rankedSearch(ctx, table, match, "", nil, o, nil, &unicode61{}, wordPhrases(match))
 }
 
 // rankedSearch runs match on an FTS table (plus extra conditions on m),
@@ -504,7 +504,7 @@ func (db *DB) substringSearch(ctx context.Context, query string, o SearchOptions
 	mark := func(s string) string { return markTerms(s, short) }
 	if len(long) > 0 {
 		return db.rankedSearch(ctx, "messages_fts_trigram", strings.Join(long, " "), likes.String(), likeArgs, o, mark,
-			trigram{}, trigramPhrases(longTerms))
+			&trigram{}, trigramPhrases(longTerms))
 	}
 	q := `SELECT m.id, m.session_id, m.role, m.timestamp, COALESCE(m.content, m.tool_name, m.tool_calls, ''),
 		s.source, s.model, s.title, s.started_at
