@@ -223,7 +223,7 @@ func TestSearchRanksNewestCandidates(t *testing.T) {
 		}
 	}
 	// Among equals, the newer first.
-	if res[0].ID != old+candidateCap || res[1].ID != old+candidateCap-1 {
+	if res[0].ID != int64(old+candidateCap) || res[1].ID != int64(old+candidateCap-1) {
 		t.Fatalf("ties: first results %d, %d", res[0].ID, res[1].ID)
 	}
 	res, err = db.SearchMessages(ctx, "needle oldest", SearchOptions{Limit: 5})
