@@ -180,7 +180,12 @@ const contextChars = 200
 // (phrases, OR, NOT, prefix*) and stray syntax is harmless. Queries with
 // CJK characters use the trigram index (terms shorter than three
 // characters fall back to a substring scan), and a query the word index
-// finds nothing for is tried again as substrings on the trigram index.
+// finds nothing for is tried again as substrings on the trigram index when
+// one of its words is not an indexed word (allWords).
+//
+// Results are the best matches among the newest candidateCap (1 000) live
+// matches that pass the filters, best first by bm25 (rank.go), the newer
+// first on a tie; Offset and Limit page through that order.
 // Soft-deleted messages are never returned.
 func (db *DB) SearchMessages(ctx context.Context, query string, o SearchOptions) ([]SearchResult, error) {
 	if o.Limit <= 0 {
@@ -272,8 +277,8 @@ func (o SearchOptions) filters() (string, []any) {
 }
 
 // candidateCap bounds the matches a search ranks: the newest candidateCap
-// live matches that pass the filters are ranked (bm25) and the best are
-// returned. A query matching fewer messages is ranked over all of them; one
+// live matches (highest ids) that pass the filters are ranked (bm25,
+// rank.go) and the best are returned. A query matching fewer messages is ranked over all of them; one
 // matching more (a very common word) returns the best of the newest, and
 // costs the same as a rare one.
 const candidateCap = 1000
