@@ -278,9 +278,9 @@ func (o SearchOptions) filters() (string, []any) {
 
 // candidateCap bounds the matches a search ranks: the newest candidateCap
 // live matches (highest ids) that pass the filters are ranked (bm25,
-// rank.go) and the best are returned. A query matching fewer messages is ranked over all of them; one
-// matching more (a very common word) returns the best of the newest, and
-// costs the same as a rare one.
+// rank.go) and the best are returned. A query matching fewer messages is
+// ranked over all of them; one matching more (a very common word) returns
+// the best of the newest, and costs the same as a rare one.
 const candidateCap = 1000
 
 func (db *DB) ftsSearch(ctx context.Context, table, match string, o SearchOptions) ([]SearchResult, error) {
@@ -290,13 +290,12 @@ func (db *DB) ftsSearch(ctx context.Context, table, match string, o SearchOption
 // rankedSearch runs match on an FTS table (plus extra conditions on m),
 // ranks the bounded candidates (rank.go) and fills each result's snippet.
 //
-// It costs three statements whatever the number of matches: the candidate
-// scan (the FTS table is the outer loop, walked newest rowid first, so the
-// candidate LIMIT stops it early; it reads the candidates' text, which
-// ranking needs), then, for the page of results alone, one statement for
-// their sessions and one for their snippets. FTS5 prepares a MATCH (for a
-// prefix query, the merge of every term it expands to) once per statement,
-// so the snippets are never asked for one row at a time.
+// It costs three statements whatever the number of matches (plus, for a
+// query of several phrases, one count per phrase for its IDF): the
+// candidate scan (the FTS table is the outer loop, walked newest rowid
+// first, so the candidate LIMIT stops it early; it reads the candidates'
+// text, which ranking needs), then, for the page of results alone, one
+// statement for their sessions and one for their snippets.
 func (db *DB) rankedSearch(ctx context.Context, table, match, extra string, extraArgs []any, o SearchOptions, mark func(string) string,
 	tk tokenizer, ps []qPhrase) ([]SearchResult, error) {
 	filters, args := o.filters()
