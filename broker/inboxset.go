@@ -1,0 +1,230 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/session"
+)
+
+// Inbox is one inbox stream with its identity and, for workers, its
+// workers consumer.
+type Inbox struct {
+	Index  int
+	Name   string
+	ID     string
+	Stream jetstream.Stream
+	// Consumer is the stream's workers consumer (nil when the set was
+	// opened without consumers).
+	Consumer jetstream.Consumer
+}
+
+// InboxSet is a process's view of the inbox map and the streams it names.
+// Readers ask it for a lane's stream; Watch keeps it current while the map
+// changes (a migration), and Changed signals each change.
+type InboxSet struct {
+	js        jetstream.JetStream
+	names     Names
+	bucket    jetstream.KeyValue
+	consumers bool
+
+	mu      sync.RWMutex
+	m       InboxMap
+	rev     uint64
+	streams map[int]*Inbox
+	changed chan struct{}
+}
+
+// OpenInboxes reads the inbox map and opens the streams it names. With
+// consumers, each stream's workers consumer is opened too.
+func OpenInboxes(ctx context.Context, js jetstream.JetStream, n Names, consumers bool) (*InboxSet, error) {
+	bucket, err := js.KeyValue(ctx, n.InboxMapBucket())
+	if err != nil {
+		return nil, fmt.Errorf("inbox map bucket %s: %w (is the fleet provisioned?)", n.InboxMapBucket(), err)
+	}
+	s := &InboxSet{js: js, names: n, bucket: bucket, consumers: consumers, streams: map[int]*Inbox{}, changed: make(chan struct{})}
+	if err := s.Refresh(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// ReadInboxMap reads the stored map and its revision.
+func ReadInboxMap(ctx context.Context, bucket jetstream.KeyValue) (InboxMap, uint64, error) {
+	e, err := bucket.Get(ctx, InboxMapKey)
+	if err != nil {
+		return InboxMap{}, 0, err
+	}
+	m, err := DecodeInboxMap(e.Value())
+	return m, e.Revision(), err
+}
+
+// Refresh re-reads the map and opens any stream it names that is not open
+// yet.
+func (s *InboxSet) Refresh(ctx context.Context) error {
+	m, rev, err := ReadInboxMap(ctx, s.bucket)
+	if err != nil {
+		return fmt.Errorf("read inbox map: %w", err)
+	}
+	return s.apply(ctx, m, rev)
+}
+
+func (s *InboxSet) apply(ctx context.Context, m InboxMap, rev uint64) error {
+	s.mu.RLock()
+	stale := rev <= s.rev
+	s.mu.RUnlock()
+	if stale {
+		return nil
+	}
+	opened := map[int]*Inbox{}
+	for i := 0; i < m.Streams; i++ {
+		s.mu.RLock()
+		in := s.streams[i]
+		s.mu.RUnlock()
+		if in == nil {
+			var err error
+			if in, err = s.open(ctx, i); err != nil {
+				return err
+			}
+		}
+		opened[i] = in
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rev <= s.rev {
+		return nil
+	}
+	s.m, s.rev, s.streams = m, rev, opened
+	close(s.changed)
+	s.changed = make(chan struct{})
+	return nil
+}
+
+func (s *InboxSet) open(ctx context.Context, i int) (*Inbox, error) {
+	name := s.names.InboxStreamAt(i)
+	st, err := s.js.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("inbox stream %s: %w", name, err)
+	}
+	id := st.CachedInfo().Config.Metadata[InboxIDMetadata]
+	if id == "" {
+		return nil, fmt.Errorf("inbox stream %s has no identity metadata; run provisioning", name)
+	}
+	in := &Inbox{Index: i, Name: name, ID: id, Stream: st}
+	if s.consumers {
+		if in.Consumer, err = st.Consumer(ctx, s.names.WorkersConsumer()); err != nil {
+			return nil, fmt.Errorf("inbox stream %s: workers consumer: %w", name, err)
+		}
+	}
+	return in, nil
+}
+
+// Watch keeps the set current until ctx ends: each stored change of the map
+// is applied (a failure to open a stream it names is retried).
+func (s *InboxSet) Watch(ctx context.Context) {
+	for ctx.Err() == nil {
+		w, err := s.bucket.Watch(ctx, InboxMapKey)
+		if err != nil {
+			if !sleepCtx(ctx, time.Second) {
+				return
+			}
+			continue
+		}
+		s.follow(ctx, w)
+		_ = w.Stop()
+	}
+}
+
+func (s *InboxSet) follow(ctx context.Context, w jetstream.KeyWatcher) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			m, err := DecodeInboxMap(e.Value())
+			if err != nil {
+				continue
+			}
+			for ctx.Err() == nil {
+				if err := s.apply(ctx, m, e.Revision()); err == nil || errors.Is(err, context.Canceled) {
+					break
+				}
+				if !sleepCtx(ctx, 250*time.Millisecond) {
+					return
+				}
+			}
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// Map returns the current map and its revision.
+func (s *InboxSet) Map() (InboxMap, uint64) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.m.Clone(), s.rev
+}
+
+// Changed is closed at the next change of the map.
+func (s *InboxSet) Changed() <-chan struct{} {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.changed
+}
+
+// ForPartition is the stream that holds partition p.
+func (s *InboxSet) ForPartition(p int) *Inbox {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.streams[s.m.Assign[p]]
+}
+
+// ForLane is the stream that holds lane's inbox.
+func (s *InboxSet) ForLane(lane string) *Inbox {
+	return s.ForPartition(session.Partition(s.names.Prefix(), lane))
+}
+
+// All returns the open streams in index order.
+func (s *InboxSet) All() []*Inbox {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]*Inbox, 0, len(s.streams))
+	for i := 0; i < s.m.Streams; i++ {
+		if in := s.streams[i]; in != nil {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+// ByName returns the open stream named name, or nil.
+func (s *InboxSet) ByName(name string) *Inbox {
+	i, ok := s.names.InboxStreamIndex(name)
+	if !ok {
+		return nil
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.streams[i]
+}
