@@ -43,11 +43,17 @@ type InboxSet struct {
 // OpenInboxes reads the inbox map and opens the streams it names. With
 // consumers, each stream's workers consumer is opened too.
 func OpenInboxes(ctx context.Context, js jetstream.JetStream, n Names, consumers bool) (*InboxSet, error) {
+	s := &InboxSet{js: js, names: n, consumers: consumers, streams: map[int]*Inbox{}, changed: make(chan struct{})}
 	bucket, err := js.KeyValue(ctx, n.InboxMapBucket())
-	if err != nil {
-		return nil, fmt.Errorf("inbox map bucket %s: %w (is the fleet provisioned?)", n.InboxMapBucket(), err)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		// A fleet provisioned before the count was configurable: its one
+		// inbox stream holds every partition.
+		return s, s.apply(ctx, DefaultInboxMap(1), 1)
 	}
-	s := &InboxSet{js: js, names: n, bucket: bucket, consumers: consumers, streams: map[int]*Inbox{}, changed: make(chan struct{})}
+	if err != nil {
+		return nil, fmt.Errorf("inbox map bucket %s: %w", n.InboxMapBucket(), err)
+	}
+	s.bucket = bucket
 	if err := s.Refresh(ctx); err != nil {
 		return nil, err
 	}
@@ -67,6 +73,9 @@ func ReadInboxMap(ctx context.Context, bucket jetstream.KeyValue) (InboxMap, uin
 // Refresh re-reads the map and opens any stream it names that is not open
 // yet.
 func (s *InboxSet) Refresh(ctx context.Context) error {
+	if s.bucket == nil {
+		return nil
+	}
 	m, rev, err := ReadInboxMap(ctx, s.bucket)
 	if err != nil {
 		return fmt.Errorf("read inbox map: %w", err)
@@ -127,6 +136,10 @@ func (s *InboxSet) open(ctx context.Context, i int) (*Inbox, error) {
 // Watch keeps the set current until ctx ends: each stored change of the map
 // is applied (a failure to open a stream it names is retried).
 func (s *InboxSet) Watch(ctx context.Context) {
+	if s.bucket == nil {
+		<-ctx.Done()
+		return
+	}
 	for ctx.Err() == nil {
 		w, err := s.bucket.Watch(ctx, InboxMapKey)
 		if err != nil {
@@ -227,4 +240,32 @@ func (s *InboxSet) ByName(name string) *Inbox {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.streams[i]
+}
+
+// InboxPublishOptions are the options of a publish into the inbox: while a
+// migration moves the message's partition between streams no stream takes
+// its subject (no responders), and the publish is retried every 100 ms
+// until its context ends, instead of failing at once.
+func InboxPublishOptions() []jetstream.PublishOpt {
+	return []jetstream.PublishOpt{jetstream.WithRetryAttempts(-1), jetstream.WithRetryWait(100 * time.Millisecond)}
+}
+
+// WorkersBacklog sums the workers consumers of every inbox stream of set:
+// the deliveries not yet handed out and those handed out and not acked.
+func WorkersBacklog(ctx context.Context, set *InboxSet, n Names) (pending, ackPending uint64, err error) {
+	for _, in := range set.All() {
+		cons := in.Consumer
+		if cons == nil {
+			if cons, err = in.Stream.Consumer(ctx, n.WorkersConsumer()); err != nil {
+				return 0, 0, err
+			}
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return 0, 0, err
+		}
+		pending += info.NumPending
+		ackPending += uint64(info.NumAckPending)
+	}
+	return pending, ackPending, nil
 }

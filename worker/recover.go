@@ -425,7 +425,7 @@ func (l *lane) deadLetter(st *txState, t *session.TurnIntent, msgs []inboxMsg, s
 	w := l.w
 	reason := fmt.Sprintf("interrupted %d times in a row", interrupted)
 	for _, m := range msgs {
-		raw, err := w.res.Inbox.GetMsg(context.WithoutCancel(l.ctx), m.seq)
+		raw, err := l.inbox().Stream.GetMsg(context.WithoutCancel(l.ctx), m.seq)
 		if err != nil {
 			l.log.Warn("read message to dead-letter", "seq", m.seq, "error", err)
 			return l.failed(err)
@@ -444,7 +444,7 @@ func (l *lane) deadLetter(st *txState, t *session.TurnIntent, msgs []inboxMsg, s
 		dl.Header.Set(broker.HdrSessionID, t.SessionID)
 		dl.Header.Set(broker.HdrTurnID, t.ID)
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), 5*time.Second)
-		_, err = w.js.PublishMsg(ctx, dl, jetstream.WithMsgID(fmt.Sprintf("dlq:%s:%d", w.res.InboxID, m.seq)))
+		_, err = w.js.PublishMsg(ctx, dl, jetstream.WithMsgID(fmt.Sprintf("dlq:%s:%d", l.inbox().ID, m.seq)))
 		cancel()
 		if err != nil {
 			l.log.Warn("dead-letter publish", "error", err)

@@ -61,7 +61,7 @@ func (l *lane) run() {
 	defer func() {
 		left := l.w.laneExit(l)
 		committed := uint64(0)
-		if l.entry != nil && l.entry.InboxID == l.w.res.InboxID {
+		if l.entry != nil && l.entry.InboxID == l.inbox().ID {
 			committed = l.entry.CommittedSeq
 		}
 		for _, m := range left {
@@ -84,7 +84,7 @@ func (l *lane) run() {
 		l.entry, l.rev = entry, rev
 	}
 	// Wake-up step 1: deliveries whose effects are already durable.
-	if l.entry != nil && l.entry.InboxID == l.w.res.InboxID {
+	if l.entry != nil && l.entry.InboxID == l.inbox().ID {
 		if !l.ackUpTo(l.entry.CommittedSeq) && l.entry.Turn == nil {
 			if l.entry.Owner == "" || !l.w.draining() {
 				// Nothing newer was handed to us. A sweep may still need
@@ -206,7 +206,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 			continue
 		}
 		remaining := time.Until(lingerUntil)
-		if remaining <= 0 {
+		if remaining <= 0 || l.moved() {
 			return l.releaseAndRecheck()
 		}
 		if remaining > w.cfg.PeekInterval {
@@ -247,6 +247,8 @@ func (l *lane) wait(d time.Duration) bool {
 		return true
 	case <-l.w.drainCh:
 		return true
+	case <-l.w.inboxes.Changed():
+		return true // the lane's partition may have moved (see moved)
 	case <-l.ctx.Done():
 		return false
 	case <-t.C:

@@ -178,7 +178,7 @@ const minProvisionWait = 30 * time.Second
 // fix is a setting.
 func (rt *runtime) provision(ctx context.Context, js jetstream.JetStream) (*broker.Resources, error) {
 	res, err := broker.ProvisionRetry(ctx, js, broker.ProvisionConfig{
-		Names: rt.names, Replicas: rt.cfg.NATS.Replicas, LeaseTTL: rt.cfg.Lease.TTL.Duration(),
+		Names: rt.names, Replicas: rt.cfg.NATS.Replicas, LeaseTTL: rt.cfg.Lease.TTL.Duration(), InboxStreams: rt.cfg.NATS.InboxStreams,
 	}, max(minProvisionWait, rt.cfg.NATS.ConnectWait.Duration()), rt.log)
 	if errors.Is(err, broker.ErrReplicasNeedCluster) {
 		return nil, fmt.Errorf("nats.replicas is %d but the NATS server at %s is not part of a cluster: set nats.replicas to 1 (AGENTFLEET_NATS_REPLICAS=1), or run a 3-node cluster: %w",
