@@ -33,8 +33,9 @@ type InboxMap struct {
 	Streams int `json:"streams"`
 	// Assign is the stream index of each partition (len Partitions).
 	Assign []int `json:"assign"`
-	// Closed lists the partitions that take no publishes now (being moved).
-	Closed []int `json:"closed,omitempty"`
+	// Moving lists the partitions being moved: they take no publishes
+	// until the move ends.
+	Moving []Move `json:"moving,omitempty"`
 	// Target is the stream count a migration under way moves to; 0 when
 	// none is under way.
 	Target int `json:"target,omitempty"`
@@ -72,9 +73,9 @@ func (m InboxMap) Validate() error {
 			return fmt.Errorf("inbox map: partition %d in stream %d of %d", p, s, m.Streams)
 		}
 	}
-	for _, p := range m.Closed {
-		if p < 0 || p >= Partitions {
-			return fmt.Errorf("inbox map: closed partition %d out of range", p)
+	for _, mv := range m.Moving {
+		if mv.P < 0 || mv.P >= Partitions || mv.From < 0 || mv.From >= m.Streams || mv.To < 0 || mv.To >= m.Streams {
+			return fmt.Errorf("inbox map: move %+v out of range", mv)
 		}
 	}
 	if m.Target < 0 || m.Target > MaxInboxStreams {
@@ -84,7 +85,7 @@ func (m InboxMap) Validate() error {
 }
 
 // Migrating reports whether a change of the stream count is under way.
-func (m InboxMap) Migrating() bool { return m.Target != 0 || len(m.Closed) > 0 }
+func (m InboxMap) Migrating() bool { return m.Target != 0 || len(m.Moving) > 0 }
 
 // Count is the stream count the fleet has, or is moving to.
 func (m InboxMap) Count() int {
@@ -95,9 +96,18 @@ func (m InboxMap) Count() int {
 }
 
 // IsOpen reports whether partition p takes publishes.
-func (m InboxMap) IsOpen(p int) bool { return !slices.Contains(m.Closed, p) }
+func (m InboxMap) IsOpen(p int) bool {
+	return !slices.ContainsFunc(m.Moving, func(mv Move) bool { return mv.P == p })
+}
 
-// Partitions returns the partitions assigned to stream i, open or not.
+// Move is a partition on its way from one stream to another.
+type Move struct {
+	P    int `json:"p"`
+	From int `json:"from"`
+	To   int `json:"to"`
+}
+
+// PartitionsOf returns the partitions assigned to stream i, open or not.
 func (m InboxMap) PartitionsOf(i int) []int {
 	var out []int
 	for p, s := range m.Assign {
@@ -114,7 +124,7 @@ func (m InboxMap) PartitionsOf(i int) []int {
 // parked subject no one publishes to when it has none (JetStream gives a
 // stream with no subjects its own name as one).
 func (m InboxMap) Subjects(n Names, i int) []string {
-	if m.Streams == 1 && len(m.Closed) == 0 {
+	if m.Streams == 1 && len(m.Moving) == 0 {
 		return []string{n.InboxWildcard()}
 	}
 	var out []string
@@ -133,7 +143,7 @@ func (m InboxMap) Subjects(n Names, i int) []string {
 func (m InboxMap) Clone() InboxMap {
 	out := m
 	out.Assign = slices.Clone(m.Assign)
-	out.Closed = slices.Clone(m.Closed)
+	out.Moving = slices.Clone(m.Moving)
 	return out
 }
 
@@ -143,8 +153,8 @@ func (m InboxMap) String() string {
 	if m.Target != 0 {
 		s += fmt.Sprintf(", migrating to %d", m.Target)
 	}
-	if len(m.Closed) > 0 {
-		s += fmt.Sprintf(", partitions %v closed", m.Closed)
+	if len(m.Moving) > 0 {
+		s += fmt.Sprintf(", %d partitions moving", len(m.Moving))
 	}
 	return s
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -268,4 +269,43 @@ func WorkersBacklog(ctx context.Context, set *InboxSet, n Names) (pending, ackPe
 		ackPending += uint64(info.NumAckPending)
 	}
 	return pending, ackPending, nil
+}
+
+// AddInboxStream creates inbox stream i (or updates it, keeping its subjects
+// and identity) as map m describes it, with the replicas, de-duplication
+// window and workers consumer of model (another inbox stream).
+func AddInboxStream(ctx context.Context, js jetstream.JetStream, n Names, m InboxMap, i int, model jetstream.Stream) error {
+	mc := model.CachedInfo().Config
+	if _, _, err := ensureInbox(ctx, js, InboxStreamConfig(n, m, i, mc.Replicas, mc.Duplicates)); err != nil {
+		return err
+	}
+	mcons, err := model.Consumer(ctx, n.WorkersConsumer())
+	if err != nil {
+		return fmt.Errorf("workers consumer of %s: %w", mc.Name, err)
+	}
+	cfg := mcons.CachedInfo().Config
+	cfg.FilterSubject, cfg.FilterSubjects = "", nil
+	if _, err := js.CreateOrUpdateConsumer(ctx, n.InboxStreamAt(i), cfg); err != nil {
+		return fmt.Errorf("provision consumer %s on %s: %w", cfg.Durable, n.InboxStreamAt(i), err)
+	}
+	return nil
+}
+
+// SetInboxSubjects sets the subjects of inbox stream i to what map m gives
+// it (the migration's one way of changing them).
+func SetInboxSubjects(ctx context.Context, js jetstream.JetStream, n Names, m InboxMap, i int) error {
+	st, err := js.Stream(ctx, n.InboxStreamAt(i))
+	if err != nil {
+		return fmt.Errorf("inbox stream %s: %w", n.InboxStreamAt(i), err)
+	}
+	cfg := st.CachedInfo().Config
+	want := m.Subjects(n, i)
+	if slices.Equal(cfg.Subjects, want) {
+		return nil
+	}
+	cfg.Subjects = want
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("set the subjects of %s: %w", cfg.Name, err)
+	}
+	return nil
 }

@@ -58,7 +58,7 @@ func newApp(out io.Writer) *cli.App {
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "overall timeout"},
 		}, connectionFlags()...),
 		Commands: []*cli.Command{keyCommand(), sessionCommand(), laneCommand(), transcriptCommand(), workerCommand(), deadLetterCommand(),
-			eventsCommand(), streamCommand(), topCommand(), configCommand(), deliveryCommand(), searchCommand(), historyCommand(), exportCommand(), statsCommand(),
+			eventsCommand(), streamCommand(), inboxCommand(), topCommand(), configCommand(), deliveryCommand(), searchCommand(), historyCommand(), exportCommand(), statsCommand(),
 			cliutil.CompletionCommand()},
 	}
 }
