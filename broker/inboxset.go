@@ -248,7 +248,7 @@ func (s *InboxSet) ByName(name string) *Inbox {
 // its subject (no responders), and the publish is retried every 100 ms
 // until its context ends, instead of failing at once.
 func InboxPublishOptions() []jetstream.PublishOpt {
-	return []jetstream.PublishOpt{jetstream.WithRetryAttempts(-1), jetstream.WithRetryWait(100 * time.Millisecond)}
+	return []jetstream.PublishOpt{jetstream.WithRetryAttempts(1 << 20), jetstream.WithRetryWait(100 * time.Millisecond)}
 }
 
 // WorkersBacklog sums the workers consumers of every inbox stream of set:
