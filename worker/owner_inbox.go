@@ -295,7 +295,7 @@ const maxHinted = 64
 // keepHint records the message a hint carries and returns its seq; false
 // when the hint lacks the sequence headers.
 func (o *owner) keepHint(m *nats.Msg) (uint64, bool) {
-	if in := o.in.Load(); in == nil || m.Header.Get(jetstream.StreamHeader) != in.Name {
+	if in, from := o.in.Load(), m.Header.Get(jetstream.StreamHeader); in != nil && from != "" && from != in.Name {
 		return 0, false // a hint of another inbox stream: its seqs count there
 	}
 	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)

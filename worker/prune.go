@@ -56,7 +56,7 @@ func (w *Worker) pruneEntry(ctx context.Context, r kv.Record) (bool, error) {
 	e := r.Entry
 	subject := w.names.InboxSubject(session.Partition(w.names.Prefix(), r.Lane), r.Lane)
 	in := w.inboxes.ForLane(r.Lane)
-	if last, err := in.Stream.GetLastMsgForSubject(ctx, subject); err == nil && (e.InboxID != in.ID || last.Sequence > e.CommittedSeq) {
+	if last, err := in.Stream.GetLastMsgForSubject(ctx, subject); err == nil && last.Sequence > e.CommittedSeq {
 		return false, nil // unprocessed work: not prunable
 	}
 	if e.InboxID == in.ID && e.CommittedSeq > 0 {
