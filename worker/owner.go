@@ -584,6 +584,12 @@ func (o *owner) release() {
 // redelivery. It reports whether the lane must be taken again.
 func (o *owner) releaseAndRecheck() bool {
 	o.release()
+	if o.moved() {
+		// The lane's partition moved to another stream: take it again
+		// there at once (begin binds the new stream), so what the new
+		// stream holds does not wait for a redelivery.
+		return !o.w.draining()
+	}
 	if o.entry == nil {
 		return false
 	}

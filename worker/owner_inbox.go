@@ -132,8 +132,8 @@ func (o *owner) offer(m jetstream.Msg) bool {
 	if o.closed {
 		return false
 	}
-	if in := o.in.Load(); in != nil && streamOf(m) != in.Name {
-		// A delivery of another inbox stream than this ownership reads
+	if streamOf(m) != o.inbox().Name {
+		// A delivery of another inbox stream than the lane is read from
 		// (its partition moved): its seq means nothing here. Handed back
 		// for the lane's next owner, once this one released.
 		o.settled("nak", seqOf(m), m.NakWithDelay(time.Second))
@@ -166,9 +166,17 @@ func (o *owner) closeInbox() []jetstream.Msg {
 // deliveries remain held.
 func (o *owner) ackUpTo(seq uint64) bool {
 	o.dropHinted(seq)
+	name := o.inbox().Name
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for s, m := range o.held {
+		if streamOf(m) != name {
+			// Of another stream (the map changed since it was held): seq
+			// counts elsewhere, so it is handed back, never acked here.
+			o.settled("nak", s, m.NakWithDelay(time.Second))
+			delete(o.held, s)
+			continue
+		}
 		if s <= seq {
 			o.settled("ack", s, m.Ack())
 			delete(o.held, s)

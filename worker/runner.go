@@ -61,11 +61,14 @@ func (l *lane) run() {
 	defer func() {
 		left := l.w.laneExit(l)
 		committed := uint64(0)
-		if l.entry != nil && l.entry.InboxID == l.inbox().ID {
+		in := l.inbox()
+		if l.entry != nil && l.entry.InboxID == in.ID {
 			committed = l.entry.CommittedSeq
 		}
 		for _, m := range left {
-			if seqOf(m) <= committed {
+			if streamOf(m) != in.Name {
+				_ = m.NakWithDelay(time.Second) // its seq counts in another stream
+			} else if seqOf(m) <= committed {
 				_ = m.Ack()
 			} else {
 				_ = m.Nak()
@@ -171,6 +174,12 @@ func (l *lane) own(lease *kv.Lease) bool {
 		if err != nil {
 			if l.ctx.Err() != nil {
 				continue
+			}
+			if l.moved() {
+				// The bound stream may be gone (a migration moved the
+				// partition and removed the stream): hand the lane over to
+				// its new stream.
+				return l.releaseAndRecheck()
 			}
 			l.log.Warn("peek", "error", err)
 			l.wait(time.Second)

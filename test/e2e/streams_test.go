@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/agentfleet/agentfleet/admin"
 	"github.com/agentfleet/agentfleet/session"
 )
@@ -208,7 +210,7 @@ func TestInboxStreamsMigration(t *testing.T) {
 		for i, m := range l.msgs {
 			want[i] = m.text
 		}
-		waitFor(t, 90*time.Second, l.chat+" to incorporate every accepted message", func() error {
+		err := poll(90*time.Second, func() error {
 			e, err := c.entry(l.key)
 			if err != nil {
 				return err
@@ -228,6 +230,11 @@ func TestInboxStreamsMigration(t *testing.T) {
 			}
 			return nil
 		})
+		if err != nil {
+			t.Errorf("%s: %v", l.chat, err)
+			dumpLane(t, c, l.key)
+			continue
+		}
 		if evs := c.laneTurnEvents(session.LaneToken(l.key)); len(evs) > 0 {
 			sids := map[string]bool{}
 			for _, ev := range evs {
@@ -254,4 +261,37 @@ func TestInboxStreamsMigration(t *testing.T) {
 		}
 	}
 	waitFor(t, 60*time.Second, "the workers consumer to settle", c.inboxSettled)
+}
+
+// dumpLane logs what the fleet knows of a lane: its entry, and its messages
+// in every inbox stream.
+func dumpLane(t *testing.T, c *cluster, key string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	lane := session.LaneToken(key)
+	p := session.Partition(c.names.Prefix(), lane)
+	e, _ := c.entry(key)
+	if e != nil {
+		t.Logf("%s (partition %d): inbox_id %s committed_seq %d owner %q turn %v", lane, p, e.InboxID, e.CommittedSeq, e.Owner, e.Turn)
+	}
+	_ = c.res.Inboxes.Refresh(ctx)
+	m, rev := c.res.Inboxes.Map()
+	t.Logf("inbox map rev %d: %s, partition %d in stream %d", rev, m, p, m.Assign[p])
+	for _, in := range c.res.Inboxes.All() {
+		subject := c.names.InboxSubject(p, lane)
+		for seq := uint64(1); ; {
+			raw, err := in.Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+			if err != nil {
+				break
+			}
+			t.Logf("  %s (id %s) seq %d: %s", in.Name, in.ID, raw.Sequence, raw.Data)
+			seq = raw.Sequence + 1
+		}
+		if cons, err := in.Stream.Consumer(ctx, c.names.WorkersConsumer()); err == nil {
+			if info, err := cons.Info(ctx); err == nil {
+				t.Logf("  %s workers: %d pending, %d ack pending, %d redelivered", in.Name, info.NumPending, info.NumAckPending, info.NumRedelivered)
+			}
+		}
+	}
 }
