@@ -173,7 +173,7 @@ func (l *lane) steer(ctx context.Context, st *txState, intent *session.TurnInten
 	l.opMu.Unlock()
 	var out []agent.UserMessage
 	for _, m := range msgs {
-		if !st.userSeqs[m.seq] {
+		if !st.hasUser(l.inbox(), m.seq) {
 			if dup, err := l.duplicate(m); err != nil {
 				return nil, err
 			} else if dup {

@@ -22,7 +22,9 @@ import (
 
 // inboxMsg is one lane message read from the inbox stream.
 type inboxMsg struct {
-	seq  uint64
+	seq uint64
+	// inboxID is the identity of the inbox stream seq counts in.
+	inboxID string
 	kind string
 	body session.Inbound
 	// trace is the span context of the message's publish, if traced.
@@ -54,6 +56,11 @@ func (o *owner) peek(ctx context.Context, seq uint64) (*inboxMsg, error) {
 
 func (o *owner) decodeInbox(seq uint64, hdr nats.Header, data []byte) *inboxMsg {
 	m := &inboxMsg{seq: seq, kind: hdr.Get(broker.HdrKind), trace: telemetry.SpanContextOf(hdr)}
+	if in := o.in.Load(); in != nil {
+		m.inboxID = in.ID
+	} else if o.w != nil {
+		m.inboxID = o.inbox().ID
+	}
 	if err := json.Unmarshal(data, &m.body); err != nil {
 		// Ingress never writes this; keep the lane moving with an empty
 		// message rather than wedging it.

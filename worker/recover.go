@@ -176,7 +176,7 @@ func (l *lane) recoverTurn() error {
 	// commits as stopped (its messages recorded), and the command follows.
 	if l.cancelAhead(t.LastSeq) {
 		for _, m := range msgs {
-			if st.userSeqs[m.seq] {
+			if st.hasUser(l.inbox(), m.seq) {
 				continue
 			}
 			e := userEntry(t.ID, m, w.cfg.Now())
@@ -369,7 +369,7 @@ func interruptedAt(st *txState, t *session.TurnIntent, e *session.SessionEntry) 
 // the resume note, unless the policy resets it (session.Decide).
 func (l *lane) parkStale(st *txState, t *session.TurnIntent, msgs []inboxMsg, reason string, at time.Time, interrupted int) error {
 	for _, m := range msgs {
-		if st.userSeqs[m.seq] || m.kind == session.KindInternal {
+		if st.hasUser(l.inbox(), m.seq) || m.kind == session.KindInternal {
 			continue
 		}
 		e := userEntry(t.ID, m, l.w.cfg.Now())
