@@ -25,8 +25,8 @@ type inboxMsg struct {
 	seq uint64
 	// inboxID is the identity of the inbox stream seq counts in.
 	inboxID string
-	kind string
-	body session.Inbound
+	kind    string
+	body    session.Inbound
 	// trace is the span context of the message's publish, if traced.
 	trace trace.SpanContext
 }
