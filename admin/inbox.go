@@ -86,6 +86,9 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 		return MigrateReport{}, err
 	}
 	rep := MigrateReport{From: mg.m.Streams, To: target}
+	if mg.m.From != 0 {
+		rep.From = mg.m.From
+	}
 	if mg.m.Target != 0 && mg.m.Target != target {
 		return rep, fmt.Errorf("a migration to %d streams is under way: finish it first (fleetctl inbox streams %d)", mg.m.Target, mg.m.Target)
 	}
@@ -109,7 +112,7 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 	old := mg.m.Streams
 	if target > old {
 		next := mg.m.Clone()
-		next.Streams, next.Target = target, target
+		next.Streams, next.Target, next.From = target, target, rep.From
 		model, err := f.JS.Stream(ctx, f.Names.InboxStreamAt(0))
 		if err != nil {
 			return rep, err
@@ -129,7 +132,7 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 		}
 	} else if mg.m.Target != target {
 		next := mg.m.Clone()
-		next.Target = target
+		next.Target, next.From = target, rep.From
 		if err := mg.write(ctx, next); err != nil {
 			return rep, err
 		}
@@ -156,7 +159,7 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 
 	// Shrink: the streams past target hold nothing now.
 	final := mg.m.Clone()
-	final.Streams, final.Target = target, 0
+	final.Streams, final.Target, final.From = target, 0, 0
 	if target == 1 && mg.m.Streams > 1 {
 		// Back to the layout of a one-stream fleet.
 		if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, final, 0); err != nil {

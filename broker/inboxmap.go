@@ -39,6 +39,8 @@ type InboxMap struct {
 	// Target is the stream count a migration under way moves to; 0 when
 	// none is under way.
 	Target int `json:"target,omitempty"`
+	// From is the stream count the migration under way started from.
+	From int `json:"from,omitempty"`
 }
 
 // DefaultInboxMap spreads the partitions over n streams: partition p lives
