@@ -192,3 +192,29 @@ func TestProvisionKeepsLegacyInbox(t *testing.T) {
 		t.Fatalf("legacy subjects changed to %v", subs)
 	}
 }
+
+// TestProvisionLegacyInboxRefusesAnotherCount: a process configured for 3
+// inbox streams meeting a fleet that has its one legacy stream records the
+// fleet as it is (one stream) and refuses to start, creating nothing.
+func TestProvisionLegacyInboxRefusesAnotherCount(t *testing.T) {
+	srv := natstest.RunServer(t)
+	js := natstest.JetStream(t, srv.Connect(t))
+	n := broker.MustNames("fleet")
+	if _, err := js.CreateStream(t.Context(), jetstream.StreamConfig{Name: "FLEET_IN", Subjects: []string{"fleet.in.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: n, LeaseTTL: 4 * time.Second, InboxStreams: 3})
+	if !errors.Is(err, broker.ErrInboxStreams) {
+		t.Fatalf("provision for 3 streams over a legacy inbox: %v, want ErrInboxStreams", err)
+	}
+	if _, err := js.Stream(t.Context(), "FLEET_IN_1"); err == nil {
+		t.Fatal("the refused provisioning created FLEET_IN_1")
+	}
+	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: n, LeaseTTL: 4 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(res.Inboxes.All()); got != 1 {
+		t.Fatalf("%d streams, want the legacy one", got)
+	}
+}

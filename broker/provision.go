@@ -148,7 +148,7 @@ func provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) 
 	}); err != nil {
 		return nil, fmt.Errorf("provision bucket %s: %w", n.InboxMapBucket(), err)
 	}
-	imap, err := ensureInboxMap(ctx, r.InboxMap, c.InboxStreams)
+	imap, err := ensureInboxMap(ctx, js, n, r.InboxMap, c.InboxStreams)
 	if err != nil {
 		return nil, err
 	}
@@ -278,17 +278,24 @@ func InboxStreamConfig(n Names, m InboxMap, i, replicas int, duplicates time.Dur
 // ensureInboxMap reads the inbox map, creating it with want streams (1 when
 // 0) for a new fleet, and refuses a non-zero want that differs from the
 // fleet's count.
-func ensureInboxMap(ctx context.Context, bucket jetstream.KeyValue, want int) (InboxMap, error) {
+func ensureInboxMap(ctx context.Context, js jetstream.JetStream, n Names, bucket jetstream.KeyValue, want int) (InboxMap, error) {
 	for attempt := 0; attempt < 5; attempt++ {
 		m, _, err := ReadInboxMap(ctx, bucket)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			m = DefaultInboxMap(max(want, 1))
+			count := max(want, 1)
+			if _, err := js.Stream(ctx, n.InboxStream()); err == nil {
+				// A fleet provisioned before the count was configurable:
+				// its one stream holds every partition, whatever this
+				// process asks for (the count changes by migration).
+				count = 1
+			}
+			m = DefaultInboxMap(count)
 			if _, err := bucket.Create(ctx, InboxMapKey, m.Encode()); errors.Is(err, jetstream.ErrKeyExists) {
 				continue
 			} else if err != nil {
 				return InboxMap{}, fmt.Errorf("provision inbox map: %w", err)
 			}
-			return m, nil
+			continue // read it back, and check the count against it
 		}
 		if err != nil {
 			return InboxMap{}, fmt.Errorf("provision inbox map: %w", err)
