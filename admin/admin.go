@@ -105,7 +105,7 @@ func (f *Fleet) ResolveLane(ctx context.Context, arg string) (string, error) {
 func (f *Fleet) InboxBacklog(ctx context.Context, lane string, after uint64) (queued, pending int, err error) {
 	filter := f.Names.InboxLaneFilter(lane)
 	for seq := after + 1; ; {
-		raw, err := f.Res.Inboxes.ForLane(lane).Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		raw, err := f.inbox(ctx, lane).Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return queued, pending, nil
 		}
@@ -124,7 +124,7 @@ func (f *Fleet) InboxBacklog(ctx context.Context, lane string, after uint64) (qu
 // the lane's inbox when the entry is of another inbox incarnation).
 func (f *Fleet) LaneBacklog(ctx context.Context, lane string, e *session.SessionEntry) (queued, pending int, err error) {
 	after := uint64(0)
-	if e != nil && e.InboxID == f.Res.Inboxes.ForLane(lane).ID {
+	if e != nil && e.InboxID == f.inbox(ctx, lane).ID {
 		after = e.CommittedSeq
 	}
 	return f.InboxBacklog(ctx, lane, after)
@@ -214,4 +214,10 @@ func (f *Fleet) Call(ctx context.Context, endpoint string, req, resp any) error 
 // deliveries not yet handed out and those handed out and not acked.
 func (f *Fleet) WorkersBacklog(ctx context.Context) (pending, ackPending uint64, err error) {
 	return broker.WorkersBacklog(ctx, f.Res.Inboxes, f.Names)
+}
+
+// inbox is the inbox stream of lane, from a map read at most a second ago (a
+// console runs for days; a migration may have moved the lane's partition).
+func (f *Fleet) inbox(ctx context.Context, lane string) *broker.Inbox {
+	return f.Res.Inboxes.Fresh(ctx, time.Second).ForLane(lane)
 }

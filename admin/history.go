@@ -168,7 +168,7 @@ func (f *Fleet) ReadHistory(ctx context.Context, o HistoryOptions) (*History, er
 			if t.firstSeq == 0 {
 				continue
 			}
-			raw, err := f.Res.Inboxes.ForLane(t.lane).Stream.GetMsg(ctx, t.firstSeq)
+			raw, err := f.inbox(ctx, t.lane).Stream.GetMsg(ctx, t.firstSeq)
 			if err != nil {
 				continue // the inbox no longer holds it
 			}

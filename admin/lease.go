@@ -125,7 +125,7 @@ func (f *Fleet) wakeAfterBreak(ctx context.Context, lane string) error {
 	}
 	stranded := e.Turn != nil
 	if !stranded {
-		in := f.Res.Inboxes.ForLane(lane)
+		in := f.inbox(ctx, lane)
 		last, err := in.Stream.GetLastMsgForSubject(ctx, f.Names.InboxSubject(session.Partition(f.Names.Prefix(), lane), lane))
 		stranded = err == nil && (e.InboxID != in.ID || last.Sequence > e.CommittedSeq)
 	}

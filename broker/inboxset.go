@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -39,6 +40,8 @@ type InboxSet struct {
 	rev     uint64
 	streams map[int]*Inbox
 	changed chan struct{}
+	// readAt is when the map was last read (Refresh), for Fresh.
+	readAt atomic.Int64
 }
 
 // OpenInboxes reads the inbox map and opens the streams it names. With
@@ -81,7 +84,21 @@ func (s *InboxSet) Refresh(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read inbox map: %w", err)
 	}
-	return s.apply(ctx, m, rev)
+	if err := s.apply(ctx, m, rev); err != nil {
+		return err
+	}
+	s.readAt.Store(time.Now().UnixNano())
+	return nil
+}
+
+// Fresh re-reads the map when it was last read more than maxAge ago: for a
+// process that reads lanes now and then without following the map (Watch).
+// A failed read keeps the map it has.
+func (s *InboxSet) Fresh(ctx context.Context, maxAge time.Duration) *InboxSet {
+	if time.Since(time.Unix(0, s.readAt.Load())) > maxAge {
+		_ = s.Refresh(ctx)
+	}
+	return s
 }
 
 func (s *InboxSet) apply(ctx context.Context, m InboxMap, rev uint64) error {

@@ -483,7 +483,7 @@ func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptRespons
 func (s *Server) keyAt(rctx context.Context, lane string, seq uint64, fallback string) string {
 	ctx, cancel := s.opCtx(rctx)
 	defer cancel()
-	raw, err := s.inboxOf(lane).GetMsg(ctx, seq)
+	raw, err := s.inboxOf(ctx, lane).GetMsg(ctx, seq)
 	if err != nil {
 		return fallback
 	}
@@ -577,10 +577,12 @@ func randomID() string {
 	return "rand:" + hex.EncodeToString(b[:])
 }
 
-// inboxOf is the inbox stream that holds lane's messages.
-func (s *Server) inboxOf(lane string) jetstream.Stream {
-	if s.res.Inboxes != nil {
-		return s.res.Inboxes.ForLane(lane).Stream
+// inboxOf is the inbox stream that holds lane's messages now. The map is
+// read again when older than a second (one KV get; this is only asked for
+// duplicates), since a migration may have moved the lane's partition.
+func (s *Server) inboxOf(ctx context.Context, lane string) jetstream.Stream {
+	if s.res.Inboxes == nil {
+		return s.res.Inbox
 	}
-	return s.res.Inbox
+	return s.res.Inboxes.Fresh(ctx, time.Second).ForLane(lane).Stream
 }

@@ -159,15 +159,13 @@ func (c Config) withDefaults() (Config, error) {
 
 // Server is the HTTP adapter. Its methods are safe for concurrent use.
 type Server struct {
-	// inboxWatch is closed when the inbox map watch ended (Close waits).
-	inboxWatch chan struct{}
-	js         jetstream.JetStream
-	res        *broker.Resources
-	cfg        Config
-	names      broker.Names
-	log        *slog.Logger
-	msgIDs     *kv.MsgIDs
-	tracer     trace.Tracer
+	js     jetstream.JetStream
+	res    *broker.Resources
+	cfg    Config
+	names  broker.Names
+	log    *slog.Logger
+	msgIDs *kv.MsgIDs
+	tracer trace.Tracer
 
 	// tokenSum is the SHA-256 of Config.Token, compared in constant time.
 	tokenSum [sha256.Size]byte
@@ -227,12 +225,6 @@ func New(js jetstream.JetStream, res *broker.Resources, cfg Config) (*Server, er
 	s.readers = map[string]int{}
 	s.closed, s.closeFunc = context.WithCancel(context.Background())
 	s.handler = s.routes()
-	if res.Inboxes != nil {
-		// Follow the inbox map (a migration moves partitions between
-		// streams): reads by seq go to a lane's stream.
-		s.inboxWatch = make(chan struct{})
-		go func() { defer close(s.inboxWatch); res.Inboxes.Watch(s.closed) }()
-	}
 	return s, nil
 }
 
@@ -291,9 +283,6 @@ func (s *Server) SetReady(ready func() error) {
 func (s *Server) Close() {
 	s.closeFunc()
 	s.hub.close()
-	if s.inboxWatch != nil {
-		<-s.inboxWatch
-	}
 }
 
 // admitReader counts a reply reader against its client's bound: a 429
