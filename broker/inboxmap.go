@@ -9,9 +9,12 @@ import (
 	"strings"
 )
 
-// MaxInboxStreams bounds the number of inbox streams: one partition per
-// stream at most.
-const MaxInboxStreams = Partitions
+// MaxInboxStreams bounds the number of inbox streams (4 partitions per
+// stream at least). The NATS permissions of the roles name each inbox stream
+// there can be (a stream name cannot be matched by a subject wildcard), so
+// the bound keeps them short; 16 leaders are plenty for the clusters the
+// fleet runs on.
+const MaxInboxStreams = 16
 
 // InboxMapKey is the key of the inbox map in the InboxMapBucket.
 const InboxMapKey = "map"

@@ -19,7 +19,7 @@ import (
 // set the count.
 func TestDefaultInboxMap(t *testing.T) {
 	n := broker.MustNames("fleet")
-	for _, count := range []int{1, 2, 3, 7, 64} {
+	for _, count := range []int{1, 2, 3, 7, 16} {
 		m := broker.DefaultInboxMap(count)
 		if err := m.Validate(); err != nil {
 			t.Fatalf("%d streams: %v", count, err)
@@ -92,8 +92,8 @@ func TestInboxMapMoving(t *testing.T) {
 
 func TestInboxStreamNames(t *testing.T) {
 	n := broker.MustNames("acme")
-	for i, want := range []string{"ACME_IN", "ACME_IN_1", "ACME_IN_63"} {
-		idx := []int{0, 1, 63}[i]
+	for i, want := range []string{"ACME_IN", "ACME_IN_1", "ACME_IN_15"} {
+		idx := []int{0, 1, 15}[i]
 		if got := n.InboxStreamAt(idx); got != want {
 			t.Fatalf("stream %d: %s, want %s", idx, got, want)
 		}
@@ -101,7 +101,7 @@ func TestInboxStreamNames(t *testing.T) {
 			t.Fatalf("index of %s: %d %v", want, got, ok)
 		}
 	}
-	for _, bad := range []string{"ACME_TX", "ACME_IN_", "ACME_IN_01", "ACME_IN_64", "ACME_IN_x", "OTHER_IN"} {
+	for _, bad := range []string{"ACME_TX", "ACME_IN_", "ACME_IN_01", "ACME_IN_16", "ACME_IN_x", "OTHER_IN"} {
 		if _, ok := n.InboxStreamIndex(bad); ok {
 			t.Fatalf("%s taken for an inbox stream", bad)
 		}

@@ -347,8 +347,8 @@ func checkReplicas(v any) string {
 }
 
 func checkInboxStreams(v any) string {
-	if n := v.(int); n < 0 || n > 64 {
-		return fmt.Sprintf("%q is not an inbox stream count (0 to 64; 0 keeps the fleet's)", strconv.Itoa(n))
+	if n := v.(int); n < 0 || n > 16 {
+		return fmt.Sprintf("%q is not an inbox stream count (0 to 16; 0 keeps the fleet's)", strconv.Itoa(n))
 	}
 	return ""
 }
