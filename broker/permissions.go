@@ -76,6 +76,9 @@ func Permissions(role string, n Names, inboxPrefix string) (*server.Permissions,
 	for _, s := range ins {
 		p.pub("$JS.API.CONSUMER.INFO." + s + "." + n.WorkersConsumer())
 	}
+	// Every role that binds reads the inbox map (which stream holds which
+	// partition).
+	p.kvRead(n.InboxMapBucket())
 	tx, out, ev, probe := n.TranscriptStream(), n.OutboxStream(), n.EventStream(), n.ProbeStream()
 	switch role {
 	case RoleAdmin, RoleSystem:
