@@ -16,7 +16,7 @@ import (
 // or command in between means the next step is not a turn that message could
 // join, so nothing is interrupted; /queue turns are never interrupted. A
 // second inbox copy of a platform message already incorporated (see
-// duplicateCopy) interrupts nothing. With mode "" it only looks for a /stop.
+// duplicateCopy), a message or a /stop, interrupts nothing. With mode "" it only looks for a /stop.
 func (l *lane) checkBusy(ctx context.Context, cancel context.CancelCauseFunc, intent *session.TurnIntent, mode string, stopCause *error) {
 	if *stopCause != nil {
 		return
@@ -41,6 +41,9 @@ func (l *lane) checkBusy(ctx context.Context, cancel context.CancelCauseFunc, in
 			return
 		}
 		switch {
+		case m.kind == session.KindCommand && m.body.Command == session.CmdStop && l.duplicateCopy(ctx, m):
+			// A copy of a /stop already run (it stopped what it was sent
+			// for): its own step skips it; it stops nothing here.
 		case m.kind == session.KindCommand && m.body.Command == session.CmdStop:
 			*stopCause = errStopped
 			cancel(errStopped)

@@ -223,13 +223,23 @@ func TestDuplicateCopyDoesNotInterrupt(t *testing.T) {
 		t.Fatalf("replies %q: want \"two\" answered despite a copy of an earlier message", got)
 	}
 
+	// A copy of a /stop that already ran does not stop a later turn.
+	_, s = f.post("dupi", "/stop", "s1")
+	f.settled(lane, s)
+	_, s = f.post("dupi", "five\n!sleep 1500ms", "m5")
+	f.waitTurn(lane, s)
+	f.settled(lane, f.postCopy("dupi", "/stop", "s1"))
+	if got := texts(f.replies(lane), session.ReplyKindReply); !slices.Equal(got, []string{"echo: slow", "echo: two", "echo: five"}) {
+		t.Fatalf("replies %q: want \"five\" answered despite a copy of an earlier /stop", got)
+	}
+
 	// A real message still interrupts (the interrupted turn is answered
 	// by nothing; the next one answers the new message).
 	_, s = f.post("dupi", "three\n!sleep 3s", "m3")
 	f.waitTurn(lane, s)
 	_, s = f.post("dupi", "four", "m4")
 	f.settled(lane, s)
-	if got := texts(f.replies(lane), session.ReplyKindReply); !slices.Equal(got, []string{"echo: slow", "echo: two", "echo: four"}) {
+	if got := texts(f.replies(lane), session.ReplyKindReply); !slices.Equal(got, []string{"echo: slow", "echo: two", "echo: five", "echo: four"}) {
 		t.Fatalf("replies %q: want \"three\" interrupted by \"four\"", got)
 	}
 }
