@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 )
 
 // ConnectConfig says how to reach NATS.
@@ -25,6 +26,10 @@ type ConnectConfig struct {
 	User, Password, Token, Creds string
 	// NKey is the path of an nkey seed file to authenticate with.
 	NKey string
+	// InboxPrefix is the prefix of the connection's reply subjects.
+	// Empty: "_INBOX". A user whose permissions let it subscribe to its own
+	// prefix only cannot read the replies to other users' requests.
+	InboxPrefix string
 	// TLS settings; a zero value means no client TLS configuration.
 	TLSCA, TLSCert, TLSKey string
 	TLSInsecure            bool
@@ -100,6 +105,19 @@ func Connect(cfg ConnectConfig) (*nats.Conn, error) {
 		opts = append(opts, nats.Secure(tc))
 	}
 	url := cfg.URL
+	if cfg.InProcess != nil && cfg.User == "" && cfg.Token == "" && cfg.Creds == "" && cfg.NKey == "" {
+		if v, ok := inProcessKeys.Load(cfg.InProcess); ok {
+			kp := v.(nkeys.KeyPair)
+			pub, err := kp.PublicKey()
+			if err != nil {
+				return nil, err
+			}
+			opts = append(opts, nats.Nkey(pub, kp.Sign))
+		}
+	}
+	if cfg.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(cfg.InboxPrefix))
+	}
 	if cfg.InProcess != nil {
 		opts = append(opts, nats.InProcessServer(cfg.InProcess))
 		url = ""

@@ -33,7 +33,18 @@ type ProvisionConfig struct {
 	Duplicates time.Duration
 	// EventMaxAge bounds lifecycle events. Defaults to 30 days.
 	EventMaxAge time.Duration
+	// BindOnly opens the existing streams, buckets and workers consumer
+	// without creating or updating any: for a process whose NATS user may
+	// not (a least-privilege role; see Permissions). A missing one is an
+	// error matching ErrNotProvisioned that names it. The sizes above are
+	// then not used.
+	BindOnly bool
 }
+
+// ErrNotProvisioned is matched (errors.Is) by a BindOnly provisioning that
+// found a stream, bucket or consumer missing: the fleet must be provisioned
+// first by a user allowed to create them (`agentfleet provision`).
+var ErrNotProvisioned = errors.New("the fleet is not provisioned: run `agentfleet provision` with a NATS user of role admin")
 
 func (c *ProvisionConfig) withDefaults() ProvisionConfig {
 	out := *c
@@ -107,6 +118,9 @@ func Provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) 
 
 func provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) (*Resources, error) {
 	c := pc.withDefaults()
+	if c.BindOnly {
+		return bind(ctx, js, c)
+	}
 	n := c.Names
 	if c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5 {
 		return nil, permanent(fmt.Errorf("provision: replicas %d: want 1, 3 or 5", c.Replicas))
@@ -364,4 +378,57 @@ func InboxID(ctx context.Context, s jetstream.Stream) (string, error) {
 		return "", errors.New("inbox stream has no identity metadata; run provisioning")
 	}
 	return id, nil
+}
+
+// bind opens what provision would create, creating nothing.
+func bind(ctx context.Context, js jetstream.JetStream, c ProvisionConfig) (*Resources, error) {
+	n := c.Names
+	r := &Resources{JS: js}
+	missing := func(kind, name string, err error) error {
+		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return permanent(fmt.Errorf("%s %s does not exist, and this process only binds (nats.provision is false): %w", kind, name, ErrNotProvisioned))
+		}
+		return fmt.Errorf("bind %s %s: %w", kind, name, err)
+	}
+	streams := []struct {
+		dst  *jetstream.Stream
+		name string
+	}{
+		{&r.Inbox, n.InboxStream()}, {&r.Transcripts, n.TranscriptStream()}, {&r.Outbox, n.OutboxStream()},
+		{&r.Events, n.EventStream()}, {&r.Probe, n.ProbeStream()},
+	}
+	for _, s := range streams {
+		st, err := js.Stream(ctx, s.name)
+		if err != nil {
+			return nil, missing("stream", s.name, err)
+		}
+		*s.dst = st
+	}
+	r.InboxID = r.Inbox.CachedInfo().Config.Metadata[InboxIDMetadata]
+	if r.InboxID == "" {
+		return nil, permanent(fmt.Errorf("stream %s has no identity metadata %s, and this process only binds (nats.provision is false): %w", n.InboxStream(), InboxIDMetadata, ErrNotProvisioned))
+	}
+	kvs := []struct {
+		dst  *jetstream.KeyValue
+		name string
+	}{
+		{&r.Sessions, n.SessionsBucket()}, {&r.SessionIDs, n.SessionIDsBucket()}, {&r.Leases, n.LeasesBucket()},
+		{&r.MsgIDs, n.MsgIDsBucket()}, {&r.Delivered, n.DeliveredBucket()}, {&r.Workers, n.WorkersBucket()},
+	}
+	for _, k := range kvs {
+		kv, err := js.KeyValue(ctx, k.name)
+		if err != nil {
+			return nil, missing("bucket", k.name, err)
+		}
+		*k.dst = kv
+	}
+	cons, err := r.Inbox.Consumer(ctx, n.WorkersConsumer())
+	if err != nil {
+		return nil, missing("consumer", n.InboxStream()+"/"+n.WorkersConsumer(), err)
+	}
+	if err := AssertWorkersConsumer(ctx, cons, c.LeaseTTL); err != nil {
+		return nil, err
+	}
+	r.Consumer = cons
+	return r, nil
 }

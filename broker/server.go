@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
 )
 
 // ServerConfig configures an embedded nats-server with JetStream.
@@ -32,6 +33,23 @@ type ServerConfig struct {
 	Routes        []string
 	// Debug enables the server's own log on stderr.
 	Debug bool
+	// Users, when set, turn on authentication: every client needs one of
+	// these users and gets its role's permissions (Permissions, for the
+	// fleet named by Prefix). Users of RoleSystem join the system account
+	// SystemAccount. In-process connections made with Connect need no
+	// credentials: they use a user the server makes for them at start,
+	// valid only in process.
+	Users []ServerUser
+	// Prefix is the fleet's prefix (nats.prefix), for the users'
+	// permissions. Defaults to DefaultPrefix.
+	Prefix string
+	// TLSCert and TLSKey are PEM files: with them the client port takes
+	// TLS connections only. TLSCA, when set, also makes the server ask
+	// every client for a certificate signed by one of its CAs.
+	TLSCert, TLSKey, TLSCA string
+	// Monitor is host:port of the HTTP monitoring endpoints (/varz,
+	// /jsz, /healthz ...). Empty: none.
+	Monitor string
 }
 
 // ParseSync validates a sync policy and returns (always, interval). A
@@ -131,9 +149,29 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 			opts.Routes = append(opts.Routes, u)
 		}
 	}
+	if err := applySecurity(opts, cfg); err != nil {
+		return nil, fmt.Errorf("embedded server: %w", err)
+	}
+	var inproc nkeys.KeyPair
+	if len(cfg.Users) > 0 {
+		names, err := NewNames(cfg.Prefix)
+		if err != nil {
+			return nil, fmt.Errorf("embedded server: %w", err)
+		}
+		if inproc, err = applyUsers(opts, cfg.Users, names); err != nil {
+			return nil, fmt.Errorf("embedded server: users: %w", err)
+		}
+	}
 	s, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded server: %w", err)
+	}
+	if inproc != nil {
+		inProcessKeys.Store(s, inproc)
+		go func() {
+			s.WaitForShutdown()
+			inProcessKeys.Delete(s)
+		}()
 	}
 	var fl *fatalLogger
 	if cfg.Debug {
@@ -149,4 +187,35 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 		return nil, fmt.Errorf("embedded server: %w", err)
 	}
 	return s, nil
+}
+
+// applySecurity sets TLS and the monitoring port.
+func applySecurity(opts *server.Options, cfg ServerConfig) error {
+	if cfg.TLSCert != "" || cfg.TLSKey != "" || cfg.TLSCA != "" {
+		if cfg.TLSCert == "" || cfg.TLSKey == "" {
+			return errors.New("tls: a certificate and its key go together (and a CA alone does nothing)")
+		}
+		if cfg.Listen == "" {
+			return errors.New("tls: set without a listen address (in-process connections do not use TLS)")
+		}
+		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cfg.TLSCert, KeyFile: cfg.TLSKey, CaFile: cfg.TLSCA, Verify: cfg.TLSCA != ""})
+		if err != nil {
+			return fmt.Errorf("tls: %w", err)
+		}
+		opts.TLSConfig = tc
+		opts.TLS = true
+		opts.TLSVerify = cfg.TLSCA != ""
+		opts.TLSTimeout = 5
+	}
+	if cfg.Monitor != "" {
+		host, port, err := splitHostPort(cfg.Monitor)
+		if err != nil {
+			return fmt.Errorf("monitor: %w", err)
+		}
+		if port == 0 {
+			port = -1
+		}
+		opts.HTTPHost, opts.HTTPPort = host, port
+	}
+	return nil
 }

@@ -652,6 +652,22 @@ type NATSConfig struct {
 	//
 	// Defaults to 1m.
 	ConnectWait Duration `yaml:"connect_wait" json:"connect_wait"`
+
+	// InboxPrefix is the prefix of this process's reply subjects. A NATS
+	// user whose permissions allow only its own prefix cannot read the
+	// replies to other users' requests. Empty: "_INBOX".
+	//
+	// Defaults to "".
+	InboxPrefix string `yaml:"inbox_prefix" json:"inbox_prefix"`
+
+	// Provision makes the process create or update the fleet's streams,
+	// buckets and workers consumer at start. False: it only binds to them
+	// and fails, naming what is missing, when the fleet is not provisioned
+	// (for NATS users without the right to create them; provision with
+	// `agentfleet provision` as an admin user).
+	//
+	// Defaults to true.
+	Provision bool `yaml:"provision" json:"provision"`
 }
 
 // TLSConfig configures TLS to the NATS server.
@@ -695,6 +711,39 @@ type EmbeddedConfig struct {
 	//
 	// Defaults to "default".
 	Sync string `yaml:"sync" json:"sync"`
+
+	// Users is the path of a users file (YAML, see docs/security.md): with
+	// it every client of the listen port needs one of its users, and gets
+	// the permissions of the user's role. Empty: no authentication.
+	//
+	// Defaults to "".
+	Users string `yaml:"users" json:"users"`
+
+	// Monitor is a host:port for the server's HTTP monitoring endpoints
+	// (/varz, /jsz, /healthz). Empty: none.
+	//
+	// Defaults to "".
+	Monitor string `yaml:"monitor" json:"monitor"`
+
+	// TLS makes the listen port take TLS connections only.
+	TLS ServerTLSConfig `yaml:"tls" json:"tls"`
+}
+
+// ServerTLSConfig is the TLS of the embedded server's client port.
+type ServerTLSConfig struct {
+	// Cert is the PEM server certificate (needs Key).
+	//
+	// Defaults to "".
+	Cert string `yaml:"cert" json:"cert"`
+	// Key is the PEM key of Cert.
+	//
+	// Defaults to "".
+	Key string `yaml:"key" json:"key"`
+	// CA is a PEM file of CAs: when set, every client must present a
+	// certificate signed by one of them.
+	//
+	// Defaults to "".
+	CA string `yaml:"ca" json:"ca"`
 }
 
 // SyncOptions returns the nats-server settings for Sync: always is true for
@@ -929,6 +978,7 @@ func Default() Config {
 			Replicas:       1,
 			ConnectTimeout: Duration(5 * time.Second),
 			ConnectWait:    Duration(time.Minute),
+			Provision:      true,
 		},
 		Embedded: EmbeddedConfig{
 			DataDir: "./data",

@@ -306,12 +306,33 @@ func buildKeys() []key {
 		field("nats.connect_wait",
 			"How long a process (`worker`, `ingress`, `fleetctl` within its `--timeout`) waits at start for NATS to be reachable, retrying with backoff and logging `waiting for NATS at <url>`, before it exits with an error. 0: give up at the first failure.",
 			func(c *Config) *Duration { return &c.NATS.ConnectWait }, minDuration(0)),
+		field("nats.inbox_prefix",
+			"Prefix of this process's reply subjects (default `_INBOX`). Give each role its own (`_INBOX_worker` ...) and the same `inbox_prefix` in its NATS user's permissions: a role then cannot read the replies to another role's requests.",
+			func(c *Config) *string { return &c.NATS.InboxPrefix }, checkInboxPrefix),
+		field("nats.provision",
+			"Create or update the fleet's streams, buckets and workers consumer at start. `false`: only bind to them, failing with a message naming what is missing; for NATS users without the right to create them (the least-privilege roles of docs/security.md), after `agentfleet provision` ran as an admin user.",
+			func(c *Config) *bool { return &c.NATS.Provision }, nil),
 		field("embedded.data_dir",
 			"JetStream file store of the embedded server (`agentfleet up`).",
 			func(c *Config) *string { return &c.Embedded.DataDir }, checkNonEmpty),
 		field("embedded.listen",
-			"host:port on which the embedded server also accepts clients (other processes, the `nats` CLI). Empty: in-process only. The port has no authentication or TLS (the `nats.*` credentials are for connecting to an external server): bind it to a loopback or otherwise private address.",
+			"host:port on which the embedded server also accepts clients (other processes, the `nats` CLI). Empty: in-process only. Without `embedded.users` the port has no authentication, and without `embedded.tls.*` no TLS: then bind it to a loopback or otherwise private address.",
 			func(c *Config) *string { return &c.Embedded.Listen }, checkHostPort(true)),
+		field("embedded.users",
+			"Users file (YAML) of the embedded server (`agentfleet nats`, `agentfleet up`): every client of its listen port must log in as one of them and gets the permissions of the user's role (docs/security.md). Empty: no authentication. Must exist when set.",
+			func(c *Config) *string { return &c.Embedded.Users }, checkFile),
+		field("embedded.monitor",
+			"host:port of the embedded server's HTTP monitoring endpoints (`/varz`, `/jsz`, `/healthz`; no authentication: bind it privately). Empty: none.",
+			func(c *Config) *string { return &c.Embedded.Monitor }, checkHostPort(true)),
+		field("embedded.tls.cert",
+			"PEM server certificate of the embedded server's listen port (needs `embedded.tls.key`): the port then takes TLS connections only. Must exist when set.",
+			func(c *Config) *string { return &c.Embedded.TLS.Cert }, checkFile),
+		field("embedded.tls.key",
+			"PEM key of `embedded.tls.cert`. Must exist when set.",
+			func(c *Config) *string { return &c.Embedded.TLS.Key }, checkFile),
+		field("embedded.tls.ca",
+			"PEM file of CAs: when set, every client of the embedded server's listen port must present a certificate signed by one of them. Must exist when set.",
+			func(c *Config) *string { return &c.Embedded.TLS.CA }, checkFile),
 		field("embedded.sync",
 			"JetStream fsync policy of the embedded server: `default` (nats-server's, every 2m), `always` (fsync before every acknowledgement), or an interval like `10s`. Only `always` survives an OS crash or power loss without losing acknowledged writes.",
 			func(c *Config) *string { return &c.Embedded.Sync }, checkSync),
@@ -890,6 +911,17 @@ func (c *Config) applyEnv(env func(string) (string, bool), origin map[string]str
 }
 
 // checkIndexerName accepts an empty name or one of letters, digits, '-' and '_'.
+func checkInboxPrefix(v any) string {
+	s, _ := v.(string)
+	if s == "" {
+		return ""
+	}
+	if strings.ContainsAny(s, " \t\r\n*>") || strings.HasPrefix(s, ".") || strings.HasSuffix(s, ".") || strings.Contains(s, "..") {
+		return "want subject tokens without wildcards, such as _INBOX_worker"
+	}
+	return ""
+}
+
 func checkIndexerName(v any) string {
 	s, _ := v.(string)
 	for _, r := range s {

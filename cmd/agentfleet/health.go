@@ -70,7 +70,7 @@ func healthCommand() *cli.Command {
 			nc, err := broker.Connect(broker.ConnectConfig{URL: url, Name: "agentfleet-healthcheck",
 				User: cfg.NATS.User, Password: cfg.NATS.Password, Token: cfg.NATS.Token, Creds: cfg.NATS.Creds, NKey: cfg.NATS.NKey,
 				TLSCA: cfg.NATS.TLS.CA, TLSCert: cfg.NATS.TLS.Cert, TLSKey: cfg.NATS.TLS.Key, TLSInsecure: cfg.NATS.TLS.InsecureSkipVerify,
-				Timeout: c.Duration("timeout")})
+				InboxPrefix: cfg.NATS.InboxPrefix, Timeout: c.Duration("timeout")})
 			if err != nil {
 				return fmt.Errorf("healthcheck: %w", err)
 			}

@@ -44,7 +44,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error (telemetry.log_level)"},
 			&cli.StringFlag{Name: "log-format", Usage: "text or json (telemetry.log_format)"},
 		},
-		Commands: []*cli.Command{upCommand(), natsCommand(), workerCommand(), ingressCommand(), chatCommand(), indexerCommand(), benchCommand(), configCommand(), healthCommand(), cliutil.CompletionCommand()},
+		Commands: []*cli.Command{upCommand(), natsCommand(), provisionCommand(), natsPermissionsCommand(), workerCommand(), ingressCommand(), chatCommand(), indexerCommand(), benchCommand(), configCommand(), healthCommand(), cliutil.CompletionCommand()},
 	}
 }
 

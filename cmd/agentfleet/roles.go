@@ -147,12 +147,13 @@ func (rt *runtime) connect(name string) (*nats.Conn, jetstream.JetStream, error)
 		URL: rt.cfg.NATS.URL, InProcess: rt.srv, Name: name,
 		User: rt.cfg.NATS.User, Password: rt.cfg.NATS.Password, Token: rt.cfg.NATS.Token, Creds: rt.cfg.NATS.Creds, NKey: rt.cfg.NATS.NKey,
 		TLSCA: rt.cfg.NATS.TLS.CA, TLSCert: rt.cfg.NATS.TLS.Cert, TLSKey: rt.cfg.NATS.TLS.Key, TLSInsecure: rt.cfg.NATS.TLS.InsecureSkipVerify,
-		Timeout: rt.cfg.NATS.ConnectTimeout.Duration(), Logger: rt.log,
+		InboxPrefix: rt.cfg.NATS.InboxPrefix, Timeout: rt.cfg.NATS.ConnectTimeout.Duration(), Logger: rt.log,
 	}
 	if rt.srv != nil {
 		// The embedded server takes in-process connections without
-		// credentials or TLS; the nats.* ones are for an external server
-		// (a configuration file shared with the fleet's other processes).
+		// credentials or TLS (with embedded.users, as a user valid only in
+		// process); the nats.* ones are for an external server (a
+		// configuration file shared with the fleet's other processes).
 		cc = broker.ConnectConfig{InProcess: rt.srv, Name: name, Timeout: rt.cfg.NATS.ConnectTimeout.Duration(), Logger: rt.log}
 	}
 	nc, err := broker.ConnectWait(rt.context(), cc, rt.cfg.NATS.ConnectWait.Duration())
@@ -179,6 +180,9 @@ const minProvisionWait = 30 * time.Second
 func (rt *runtime) provision(ctx context.Context, js jetstream.JetStream) (*broker.Resources, error) {
 	res, err := broker.ProvisionRetry(ctx, js, broker.ProvisionConfig{
 		Names: rt.names, Replicas: rt.cfg.NATS.Replicas, LeaseTTL: rt.cfg.Lease.TTL.Duration(),
+		// up's in-process roles provision whatever nats.provision says:
+		// their in-process user may.
+		BindOnly: !rt.cfg.NATS.Provision && rt.srv == nil,
 	}, max(minProvisionWait, rt.cfg.NATS.ConnectWait.Duration()), rt.log)
 	if errors.Is(err, broker.ErrReplicasNeedCluster) {
 		return nil, fmt.Errorf("nats.replicas is %d but the NATS server at %s is not part of a cluster: set nats.replicas to 1 (AGENTFLEET_NATS_REPLICAS=1), or run a 3-node cluster: %w",
@@ -408,13 +412,16 @@ func upCommand() *cli.Command {
 			&cli.StringFlag{Name: "http", Usage: "HTTP listen `ADDR` (http.addr)", DefaultText: config.DefaultHTTPAddr},
 			allowUnauthenticatedFlag,
 			&cli.StringFlag{Name: "nats-listen", Usage: "also open a NATS client port on `ADDR` (embedded.listen)"},
+			&cli.StringFlag{Name: "nats-users", Usage: "users `FILE` of the NATS port, with per-role permissions (embedded.users)"},
+			&cli.StringFlag{Name: "nats-monitor", Usage: "serve the NATS monitoring endpoints (/varz, /jsz) on `ADDR` (embedded.monitor)"},
 			&cli.IntFlag{Name: "workers", Value: 2, Usage: "worker loops in this process"},
 			&cli.StringFlag{Name: "agent", Usage: "agent backend `NAME` (agent.backend)"},
 			&cli.BoolFlag{Name: "allow-crash", Usage: "let the echo agent's !crash directive exit the process"},
 			metricsFlag,
 		},
 		Action: func(c *cli.Context) error {
-			cfg, src, err := loadConfigSourced(c, map[string]string{"data": "embedded.data_dir", "http": "http.addr", "nats-listen": "embedded.listen", "agent": "agent.backend", "metrics": "telemetry.metrics_addr"})
+			cfg, src, err := loadConfigSourced(c, map[string]string{"data": "embedded.data_dir", "http": "http.addr", "nats-listen": "embedded.listen",
+				"nats-users": "embedded.users", "nats-monitor": "embedded.monitor", "agent": "agent.backend", "metrics": "telemetry.metrics_addr"})
 			if err != nil {
 				return err
 			}
@@ -438,14 +445,22 @@ func upCommand() *cli.Command {
 				return err
 			}
 			defer b.Close() // after the workers stopped: waitRoles waits for them
-			srv, err := broker.StartServer(broker.ServerConfig{DataDir: cfg.Embedded.DataDir, Listen: cfg.Embedded.Listen, Sync: cfg.Embedded.Sync})
+			scfg, err := serverConfig(cfg)
+			if err != nil {
+				return err
+			}
+			scfg.DataDir, scfg.Listen = cfg.Embedded.DataDir, cfg.Embedded.Listen
+			srv, err := broker.StartServer(scfg)
 			if err != nil {
 				return err
 			}
 			rt.srv = srv
 			defer rt.close()
 			if cfg.Embedded.Listen != "" {
-				log.Info("nats listening", "url", srv.ClientURL())
+				log.Info("nats listening", "url", srv.ClientURL(), "users", len(scfg.Users), "tls", scfg.TLSCert != "")
+			}
+			if a := srv.MonitorAddr(); a != nil {
+				log.Info("nats monitoring", "url", "http://"+a.String())
 			}
 			ctx, stop := signalContext(log)
 			defer stop()
@@ -519,9 +534,15 @@ func natsCommand() *cli.Command {
 			&cli.StringFlag{Name: "cluster-name", Usage: "cluster `NAME`"},
 			&cli.StringFlag{Name: "cluster-listen", Usage: "cluster route listen `ADDR`"},
 			&cli.StringFlag{Name: "routes", Usage: "comma-separated route `URLS` (nats-route://host:port)"},
+			&cli.StringFlag{Name: "users", Usage: "users `FILE`: clients must log in, and get their role's permissions (embedded.users)"},
+			&cli.StringFlag{Name: "monitor", Usage: "serve the monitoring endpoints (/varz, /jsz, /healthz) on `ADDR` (embedded.monitor)"},
+			&cli.StringFlag{Name: "tls-cert", Usage: "PEM server certificate `FILE`: TLS connections only (embedded.tls.cert)"},
+			&cli.StringFlag{Name: "tls-key", Usage: "PEM key `FILE` of --tls-cert (embedded.tls.key)"},
+			&cli.StringFlag{Name: "tls-ca", Usage: "PEM CA `FILE`: clients must present a certificate it signed (embedded.tls.ca)"},
 		},
 		Action: func(c *cli.Context) error {
-			cfg, src, err := loadConfigSourced(c, map[string]string{"sync": "embedded.sync", "listen": "embedded.listen", "data": "embedded.data_dir"})
+			cfg, src, err := loadConfigSourced(c, map[string]string{"sync": "embedded.sync", "listen": "embedded.listen", "data": "embedded.data_dir",
+				"users": "embedded.users", "monitor": "embedded.monitor", "tls-cert": "embedded.tls.cert", "tls-key": "embedded.tls.key", "tls-ca": "embedded.tls.ca"})
 			if err != nil {
 				return err
 			}
@@ -531,15 +552,24 @@ func natsCommand() *cli.Command {
 			if r := c.String("routes"); r != "" {
 				routes = strings.Split(r, ",")
 			}
-			srv, err := broker.StartServer(broker.ServerConfig{Name: c.String("name"), DataDir: data, Listen: listen,
-				Sync: cfg.Embedded.Sync, ClusterName: c.String("cluster-name"), ClusterListen: c.String("cluster-listen"), Routes: routes,
-				// A node's own log (routes, elections, stream leaders) is
-				// what an operator reads when a cluster misbehaves.
-				Debug: true})
+			scfg, err := serverConfig(cfg)
 			if err != nil {
 				return err
 			}
-			log.Info("nats node up", "url", srv.ClientURL(), "data", data, "sync", cfg.Embedded.Sync, "cluster", c.String("cluster-name"))
+			scfg.Name, scfg.DataDir, scfg.Listen = c.String("name"), data, listen
+			scfg.ClusterName, scfg.ClusterListen, scfg.Routes = c.String("cluster-name"), c.String("cluster-listen"), routes
+			// A node's own log (routes, elections, stream leaders) is
+			// what an operator reads when a cluster misbehaves.
+			scfg.Debug = true
+			srv, err := broker.StartServer(scfg)
+			if err != nil {
+				return err
+			}
+			log.Info("nats node up", "url", srv.ClientURL(), "data", data, "sync", cfg.Embedded.Sync, "cluster", c.String("cluster-name"),
+				"users", len(scfg.Users), "tls", scfg.TLSCert != "")
+			if a := srv.MonitorAddr(); a != nil {
+				log.Info("nats monitoring", "url", "http://"+a.String())
+			}
 			ctx, stop := signalContext(log)
 			defer stop()
 			<-ctx.Done()
@@ -549,6 +579,21 @@ func natsCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// serverConfig is the embedded server's security and sync settings:
+// embedded.users (read and checked now), embedded.tls.*, embedded.monitor.
+func serverConfig(cfg config.Config) (broker.ServerConfig, error) {
+	sc := broker.ServerConfig{Sync: cfg.Embedded.Sync, Prefix: cfg.NATS.Prefix, Monitor: cfg.Embedded.Monitor,
+		TLSCert: cfg.Embedded.TLS.Cert, TLSKey: cfg.Embedded.TLS.Key, TLSCA: cfg.Embedded.TLS.CA}
+	if f := cfg.Embedded.Users; f != "" {
+		users, err := broker.LoadUsers(f)
+		if err != nil {
+			return sc, err
+		}
+		sc.Users = users
+	}
+	return sc, nil
 }
 
 // The defaults of `agentfleet nats` where the configuration sets nothing:
@@ -654,6 +699,92 @@ func ingressCommand() *cli.Command {
 				return abortStart(ctx, stop, &wg, err)
 			}
 			return waitRoles(ctx, stop, &wg, errs)
+		},
+	}
+}
+
+func provisionCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "provision",
+		Usage: "create or update the fleet's streams, buckets and workers consumer on NATS (nats.url), then exit",
+		Description: "Every role provisions at start unless nats.provision is false. Roles that run as least-privilege\n" +
+			"NATS users (docs/security.md) may not create streams: run this once, and after each upgrade, as a\n" +
+			"user of role admin, and give the other roles nats.provision false.",
+		Flags: natsFlags(),
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c, nil)
+			if err != nil {
+				return err
+			}
+			cfg.NATS.Provision = true
+			log := newLogger(cfg, "provision")
+			rt, err := newRuntime(cfg, log)
+			if err != nil {
+				return err
+			}
+			defer rt.close()
+			ctx, stop := signalContext(log)
+			defer stop()
+			rt.ctx = ctx
+			_, js, err := rt.connect("agentfleet-provision")
+			if err != nil {
+				return err
+			}
+			res, err := rt.provision(ctx, js)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(c.App.Writer, "provisioned prefix %s: streams %s %s %s %s %s, consumer %s\n", rt.names.Prefix(),
+				res.Inbox.CachedInfo().Config.Name, res.Transcripts.CachedInfo().Config.Name, res.Outbox.CachedInfo().Config.Name,
+				res.Events.CachedInfo().Config.Name, res.Probe.CachedInfo().Config.Name, res.Consumer.CachedInfo().Name)
+			return nil
+		},
+	}
+}
+
+func natsPermissionsCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "nats-permissions",
+		Usage: "print the nats-server configuration of a user of a role, with its least-privilege permissions, for an external server",
+		Description: "The entry goes in the users list of the server's authorization block (or of the account holding\n" +
+			"the fleet). The embedded server (embedded.users) gives its users the same permissions. Roles: " + strings.Join(broker.Roles(), ", ") + ".\n" +
+			"The prefix is nats.prefix.",
+		Flags: []cli.Flag{
+			&cli.StringSliceFlag{Name: "role", Usage: "`ROLE` to print (repeat for several); default all but system"},
+			&cli.StringFlag{Name: "user", Usage: "user `NAME` (default: the role's name)"},
+			&cli.StringFlag{Name: "password", Value: "$2a$11$REPLACE-WITH-nats-server-passwd-OUTPUT", Usage: "password or bcrypt `HASH` to print"},
+			&cli.StringFlag{Name: "nkey", Usage: "nkey public `KEY` (U...) instead of user and password"},
+			&cli.StringFlag{Name: "inbox-prefix", Usage: "the role's nats.inbox_prefix `PREFIX` (default _INBOX)"},
+		},
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c, nil)
+			if err != nil {
+				return err
+			}
+			names, err := broker.NewNames(cfg.NATS.Prefix)
+			if err != nil {
+				return err
+			}
+			roles := c.StringSlice("role")
+			if len(roles) == 0 {
+				for _, r := range broker.Roles() {
+					if r != broker.RoleSystem {
+						roles = append(roles, r)
+					}
+				}
+			}
+			for _, role := range roles {
+				user := c.String("user")
+				if user == "" {
+					user = role
+				}
+				out, err := broker.RenderUser(role, names, c.String("inbox-prefix"), user, c.String("password"), c.String("nkey"))
+				if err != nil {
+					return err
+				}
+				fmt.Fprint(c.App.Writer, out)
+			}
+			return nil
 		},
 	}
 }
