@@ -195,7 +195,7 @@ func prepare(ctx context.Context, nc *nats.Conn, settings *config.Config) (confi
 		return s, nil, nil, err
 	}
 	res, err := broker.Provision(ctx, js, broker.ProvisionConfig{Names: names, Replicas: s.NATS.Replicas, LeaseTTL: s.Lease.TTL.Duration(),
-		BindOnly: !s.NATS.Provision})
+		InboxStreams: s.NATS.InboxStreams, BindOnly: !s.NATS.Provision})
 	if err != nil {
 		return s, nil, nil, fmt.Errorf("agentfleet: provision: %w", err)
 	}

@@ -76,6 +76,9 @@ func OpenResources(ctx context.Context, js jetstream.JetStream, n broker.Names) 
 		return nil, fmt.Errorf("events stream: %w", err)
 	}
 	res.InboxID = res.Inbox.CachedInfo().Config.Metadata[broker.InboxIDMetadata]
+	if res.Inboxes, err = broker.OpenInboxes(ctx, js, n, false); err != nil {
+		return nil, err
+	}
 	return res, nil
 }
 
@@ -102,7 +105,7 @@ func (f *Fleet) ResolveLane(ctx context.Context, arg string) (string, error) {
 func (f *Fleet) InboxBacklog(ctx context.Context, lane string, after uint64) (queued, pending int, err error) {
 	filter := f.Names.InboxLaneFilter(lane)
 	for seq := after + 1; ; {
-		raw, err := f.Res.Inbox.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		raw, err := f.inbox(ctx, lane).Stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return queued, pending, nil
 		}
@@ -121,7 +124,7 @@ func (f *Fleet) InboxBacklog(ctx context.Context, lane string, after uint64) (qu
 // the lane's inbox when the entry is of another inbox incarnation).
 func (f *Fleet) LaneBacklog(ctx context.Context, lane string, e *session.SessionEntry) (queued, pending int, err error) {
 	after := uint64(0)
-	if e != nil && e.InboxID == f.Res.InboxID {
+	if e != nil && e.InboxID == f.inbox(ctx, lane).ID {
 		after = e.CommittedSeq
 	}
 	return f.InboxBacklog(ctx, lane, after)
@@ -173,7 +176,7 @@ func (f *Fleet) PublishCommand(ctx context.Context, lane, command, args string) 
 	msg.Header.Set(broker.HdrKind, session.KindCommand)
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	ack, err := f.JS.PublishMsg(ctx, msg, jetstream.WithMsgID("admin:"+hex.EncodeToString(b[:])))
+	ack, err := f.JS.PublishMsg(ctx, msg, append(broker.InboxPublishOptions(), jetstream.WithMsgID("admin:"+hex.EncodeToString(b[:])))...)
 	if err != nil {
 		return 0, err
 	}
@@ -205,4 +208,16 @@ func (f *Fleet) Call(ctx context.Context, endpoint string, req, resp any) error 
 		return fmt.Errorf("%s: undecodable answer: %w", endpoint, err)
 	}
 	return nil
+}
+
+// WorkersBacklog sums the workers consumers of every inbox stream: the
+// deliveries not yet handed out and those handed out and not acked.
+func (f *Fleet) WorkersBacklog(ctx context.Context) (pending, ackPending uint64, err error) {
+	return broker.WorkersBacklog(ctx, f.Res.Inboxes, f.Names)
+}
+
+// inbox is the inbox stream of lane, from a map read at most a second ago (a
+// console runs for days; a migration may have moved the lane's partition).
+func (f *Fleet) inbox(ctx context.Context, lane string) *broker.Inbox {
+	return f.Res.Inboxes.Fresh(ctx, time.Second).ForLane(lane)
 }

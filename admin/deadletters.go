@@ -113,7 +113,7 @@ func (f *Fleet) ReplayDeadLetter(ctx context.Context, seq uint64) (Replayed, err
 		kind = session.KindMessage
 	}
 	msg.Header.Set(broker.HdrKind, kind)
-	ack, err := f.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("replay:%d", seq)))
+	ack, err := f.JS.PublishMsg(ctx, msg, append(broker.InboxPublishOptions(), jetstream.WithMsgID(fmt.Sprintf("replay:%d", seq)))...)
 	if err != nil {
 		return Replayed{}, err
 	}

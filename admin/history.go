@@ -59,6 +59,7 @@ type HistoryOptions struct {
 type endedTurn struct {
 	end      time.Time
 	firstSeq uint64
+	lane     string
 	failed   bool
 }
 
@@ -135,7 +136,7 @@ func (f *Fleet) ReadHistory(ctx context.Context, o HistoryOptions) (*History, er
 				if failed {
 					h.Minutes[i].Failures++
 				}
-				perMinute[i] = append(perMinute[i], endedTurn{end: at, firstSeq: ev.FirstSeq, failed: failed})
+				perMinute[i] = append(perMinute[i], endedTurn{end: at, firstSeq: ev.FirstSeq, lane: ev.Lane, failed: failed})
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
@@ -167,7 +168,7 @@ func (f *Fleet) ReadHistory(ctx context.Context, o HistoryOptions) (*History, er
 			if t.firstSeq == 0 {
 				continue
 			}
-			raw, err := f.Res.Inbox.GetMsg(ctx, t.firstSeq)
+			raw, err := f.inbox(ctx, t.lane).Stream.GetMsg(ctx, t.firstSeq)
 			if err != nil {
 				continue // the inbox no longer holds it
 			}

@@ -125,8 +125,9 @@ func (f *Fleet) wakeAfterBreak(ctx context.Context, lane string) error {
 	}
 	stranded := e.Turn != nil
 	if !stranded {
-		last, err := f.Res.Inbox.GetLastMsgForSubject(ctx, f.Names.InboxSubject(session.Partition(f.Names.Prefix(), lane), lane))
-		stranded = err == nil && (e.InboxID != f.Res.InboxID || last.Sequence > e.CommittedSeq)
+		in := f.inbox(ctx, lane)
+		last, err := in.Stream.GetLastMsgForSubject(ctx, f.Names.InboxSubject(session.Partition(f.Names.Prefix(), lane), lane))
+		stranded = err == nil && (e.InboxID != in.ID || last.Sequence > e.CommittedSeq)
 	}
 	if !stranded {
 		return nil
@@ -139,6 +140,6 @@ func (f *Fleet) wakeAfterBreak(ctx context.Context, lane string) error {
 	msg.Data = body
 	msg.Header.Set(broker.HdrSessionKey, e.SessionKey)
 	msg.Header.Set(broker.HdrKind, session.KindInternal)
-	_, err = f.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(worker.WakeMsgID(lane, e.CommittedSeq, e.LeaseEpoch)))
+	_, err = f.JS.PublishMsg(ctx, msg, append(broker.InboxPublishOptions(), jetstream.WithMsgID(worker.WakeMsgID(lane, e.CommittedSeq, e.LeaseEpoch)))...)
 	return err
 }

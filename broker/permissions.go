@@ -70,23 +70,35 @@ func Permissions(role string, n Names, inboxPrefix string) (*server.Permissions,
 	for _, s := range n.allStreams() {
 		p.pub("$JS.API.STREAM.INFO." + s)
 	}
-	p.pub("$JS.API.CONSUMER.INFO." + n.InboxStream() + "." + n.WorkersConsumer())
-	tx, in, out, ev, probe := n.TranscriptStream(), n.InboxStream(), n.OutboxStream(), n.EventStream(), n.ProbeStream()
+	// Every inbox stream there can be (nats.inbox_streams): a stream name
+	// cannot be matched by a wildcard in a subject token.
+	ins := n.inboxStreams()
+	for _, s := range ins {
+		p.pub("$JS.API.CONSUMER.INFO." + s + "." + n.WorkersConsumer())
+	}
+	// Every role that binds reads the inbox map (which stream holds which
+	// partition).
+	p.kvRead(n.InboxMapBucket())
+	tx, out, ev, probe := n.TranscriptStream(), n.OutboxStream(), n.EventStream(), n.ProbeStream()
 	switch role {
 	case RoleAdmin, RoleSystem:
 		return nil, nil
 	case RoleIngress, RoleConsole:
 		p.pub(n.InboxWildcard(), n.BoxWildcard(), n.ProbeSubject(), n.EventWildcard())
 		p.sub(n.BoxHintWildcard(), n.DeltaWildcard())
-		p.readStream(in, out, probe)
+		p.readStream(out, probe)
+		p.readStream(ins...)
 		// The delivery consumers, one per platform (deliver_<platform>),
 		// made by the ingress; the consumer metrics list them.
 		p.durable(out, "*", true)
-		p.pub("$JS.API.CONSUMER.LIST."+in, "$JS.API.CONSUMER.LIST."+out)
+		p.pub("$JS.API.CONSUMER.LIST." + out)
+		for _, s := range ins {
+			p.pub("$JS.API.CONSUMER.LIST." + s)
+		}
 		// Message ids, delivered replies, the leases of singleton platform
 		// connections; reads of session records and the worker registry.
 		p.kvWrite(n.MsgIDsBucket(), n.DeliveredBucket(), n.LeasesBucket())
-		p.kvRead(n.SessionsBucket(), n.WorkersBucket())
+		p.kvRead(n.SessionsBucket(), n.WorkersBucket(), n.InboxMapBucket())
 		p.service()
 		if role == RoleConsole {
 			// The console's pages read transcripts, events, dead letters
@@ -104,8 +116,12 @@ func Permissions(role string, n Names, inboxPrefix string) (*server.Permissions,
 		p.pub(n.TranscriptWildcard(), n.OutboxWildcard(), n.EventWildcard(), n.DeadLetterWildcard(),
 			n.DeltaWildcard(), n.EvictSubject(), n.ForwardWildcard(), n.InboxWildcard())
 		p.sub(n.HintWildcard(), n.EvictSubject(), n.ForwardWildcard())
-		p.readStream(in, tx, out, ev)
-		p.durable(in, n.WorkersConsumer(), false)
+		p.readStream(tx, out, ev)
+		p.readStream(ins...)
+		for _, s := range ins {
+			p.durable(s, n.WorkersConsumer(), false)
+		}
+		p.kvRead(n.InboxMapBucket())
 		p.ordered(tx)
 		p.kvWrite(n.SessionsBucket(), n.SessionIDsBucket(), n.LeasesBucket(), n.WorkersBucket(), n.MsgIDsBucket())
 		// Resuming a session asks the state database (statedb.EndpointSessions).
@@ -139,7 +155,7 @@ func checkInboxPrefix(s string) error {
 
 // allStreams are the streams every role may read the configuration of.
 func (n Names) allStreams() []string {
-	s := []string{n.InboxStream(), n.TranscriptStream(), n.OutboxStream(), n.EventStream(), n.ProbeStream()}
+	s := append(n.inboxStreams(), n.TranscriptStream(), n.OutboxStream(), n.EventStream(), n.ProbeStream())
 	for _, b := range n.allBuckets() {
 		s = append(s, "KV_"+b)
 	}
@@ -147,7 +163,16 @@ func (n Names) allStreams() []string {
 }
 
 func (n Names) allBuckets() []string {
-	return []string{n.SessionsBucket(), n.SessionIDsBucket(), n.LeasesBucket(), n.MsgIDsBucket(), n.DeliveredBucket(), n.WorkersBucket()}
+	return []string{n.SessionsBucket(), n.SessionIDsBucket(), n.LeasesBucket(), n.MsgIDsBucket(), n.DeliveredBucket(), n.WorkersBucket(), n.InboxMapBucket()}
+}
+
+// inboxStreams are the names of every inbox stream a fleet can have.
+func (n Names) inboxStreams() []string {
+	out := make([]string, MaxInboxStreams)
+	for i := range out {
+		out[i] = n.InboxStreamAt(i)
+	}
+	return out
 }
 
 type perms struct {

@@ -33,6 +33,11 @@ type ProvisionConfig struct {
 	Duplicates time.Duration
 	// EventMaxAge bounds lifecycle events. Defaults to 30 days.
 	EventMaxAge time.Duration
+	// InboxStreams is the number of inbox streams the partitions are spread
+	// over. A new fleet gets this many (1 when 0); an existing fleet keeps
+	// its count, and a non-zero value that differs is refused
+	// (ErrInboxStreams): the count changes only by migration.
+	InboxStreams int
 	// BindOnly opens the existing streams, buckets and workers consumer
 	// without creating or updating any: for a process whose NATS user may
 	// not (a least-privilege role; see Permissions). A missing one is an
@@ -83,7 +88,10 @@ func WorkersAckWait(leaseTTL time.Duration) time.Duration { return leaseTTL + 50
 // Resources are the provisioned handles.
 type Resources struct {
 	// JS is the JetStream context the resources were opened with.
-	JS          jetstream.JetStream
+	JS jetstream.JetStream
+	// Inbox, InboxID and Consumer are inbox stream 0 (the only one of a
+	// fleet with one inbox stream). Code that reads a lane's inbox asks
+	// Inboxes for the lane's stream instead.
 	Inbox       jetstream.Stream
 	Transcripts jetstream.Stream
 	Outbox      jetstream.Stream
@@ -98,6 +106,10 @@ type Resources struct {
 	Delivered  jetstream.KeyValue
 	Workers    jetstream.KeyValue
 	Consumer   jetstream.Consumer
+	// InboxMap is the bucket of the inbox map; Inboxes is the view of it
+	// (call Inboxes.Watch to follow a migration).
+	InboxMap jetstream.KeyValue
+	Inboxes  *InboxSet
 	// Warnings are settings provisioning kept from the existing assets
 	// rather than the ones asked for (see Provision); callers log them.
 	Warnings []string
@@ -141,24 +153,28 @@ func provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) 
 		return c.Replicas
 	}
 
-	inboxCfg := jetstream.StreamConfig{
-		Name:        n.InboxStream(),
-		Description: "agentfleet inbox: every accepted message and command, by lane",
-		Subjects:    []string{n.InboxWildcard()},
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		Replicas:    replicas(n.InboxStream()),
-		Duplicates:  c.Duplicates,
-		AllowDirect: true,
-		// Hints for lane owners, sent only once a message is stored (a core
-		// subscription on the inbox subject itself can fire before that).
-		// They carry the message: with the Nats-Last-Sequence the server
-		// adds (the subject's previous seq), an owner reads its lane's new
-		// messages from the hints, without a direct get.
-		RePublish: &jetstream.RePublish{Source: n.InboxWildcard(), Destination: n.HintWildcard()},
+	if err := CheckInboxStreams(c.InboxStreams); err != nil {
+		return nil, permanent(fmt.Errorf("provision: %w", err))
 	}
-	if r.Inbox, r.InboxID, err = ensureInbox(ctx, js, inboxCfg); err != nil {
+	if r.InboxMap, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: n.InboxMapBucket(), Description: "which inbox stream holds each partition", History: 1,
+		Storage: jetstream.FileStorage, Replicas: replicas("KV_" + n.InboxMapBucket()),
+	}); err != nil {
+		return nil, fmt.Errorf("provision bucket %s: %w", n.InboxMapBucket(), err)
+	}
+	imap, err := ensureInboxMap(ctx, js, n, r.InboxMap, c.InboxStreams)
+	if err != nil {
 		return nil, err
+	}
+	inboxes := make([]jetstream.Stream, imap.Streams)
+	for i := range inboxes {
+		var id string
+		if inboxes[i], id, err = ensureInbox(ctx, js, InboxStreamConfig(n, imap, i, replicas(n.InboxStreamAt(i)), c.Duplicates)); err != nil {
+			return nil, err
+		}
+		if i == 0 {
+			r.Inbox, r.InboxID = inboxes[0], id
+		}
 	}
 	if r.Transcripts, err = ensureStream(ctx, js, jetstream.StreamConfig{
 		Name:        n.TranscriptStream(),
@@ -235,10 +251,85 @@ func provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) 
 		*k.dst = kv
 	}
 
-	want := WorkersConsumerConfig(n, c.LeaseTTL, c.MaxAckPending, r.Inbox.CachedInfo().Config.Replicas)
+	for i, st := range inboxes {
+		cons, err := ensureWorkersConsumer(ctx, st, c, r)
+		if err != nil {
+			return nil, err
+		}
+		if i == 0 {
+			r.Consumer = cons
+		}
+	}
+	if r.Inboxes, err = OpenInboxes(ctx, js, n, true); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// InboxStreamConfig is the configuration of inbox stream i under map m.
+// Its subjects are m's for a new stream; ensureInbox keeps the subjects of
+// an existing one (only the migration changes them).
+func InboxStreamConfig(n Names, m InboxMap, i, replicas int, duplicates time.Duration) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        n.InboxStreamAt(i),
+		Description: fmt.Sprintf("agentfleet inbox %d: accepted messages and commands of its partitions, by lane", i),
+		Subjects:    m.Subjects(n, i),
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+		Duplicates:  duplicates,
+		AllowDirect: true,
+		// Hints for lane owners, sent only once a message is stored (a core
+		// subscription on the inbox subject itself can fire before that).
+		// They carry the message: with the Nats-Last-Sequence the server
+		// adds (the subject's previous seq), an owner reads its lane's new
+		// messages from the hints, without a direct get. Nats-Stream says
+		// which inbox stream the seqs belong to.
+		RePublish: &jetstream.RePublish{Source: n.InboxWildcard(), Destination: n.HintWildcard()},
+	}
+}
+
+// ensureInboxMap reads the inbox map, creating it with want streams (1 when
+// 0) for a new fleet, and refuses a non-zero want that differs from the
+// fleet's count.
+func ensureInboxMap(ctx context.Context, js jetstream.JetStream, n Names, bucket jetstream.KeyValue, want int) (InboxMap, error) {
+	for attempt := 0; attempt < 5; attempt++ {
+		m, _, err := ReadInboxMap(ctx, bucket)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			count := max(want, 1)
+			if _, err := js.Stream(ctx, n.InboxStream()); err == nil {
+				// A fleet provisioned before the count was configurable:
+				// its one stream holds every partition, whatever this
+				// process asks for (the count changes by migration).
+				count = 1
+			}
+			m = DefaultInboxMap(count)
+			if _, err := bucket.Create(ctx, InboxMapKey, m.Encode()); errors.Is(err, jetstream.ErrKeyExists) {
+				continue
+			} else if err != nil {
+				return InboxMap{}, fmt.Errorf("provision inbox map: %w", err)
+			}
+			continue // read it back, and check the count against it
+		}
+		if err != nil {
+			return InboxMap{}, fmt.Errorf("provision inbox map: %w", err)
+		}
+		if want != 0 && want != m.Count() {
+			return InboxMap{}, permanent(fmt.Errorf("%w: the fleet has %d inbox streams and this process is configured for %d (nats.inbox_streams); change the count on the running fleet with `fleetctl inbox streams %d`, or set nats.inbox_streams to %d or 0",
+				ErrInboxStreams, m.Count(), want, want, m.Count()))
+		}
+		return m, nil
+	}
+	return InboxMap{}, errors.New("provision inbox map: could not settle it")
+}
+
+// ensureWorkersConsumer creates or updates the workers consumer of an inbox
+// stream, never lowering what running workers rely on.
+func ensureWorkersConsumer(ctx context.Context, st jetstream.Stream, c ProvisionConfig, r *Resources) (jetstream.Consumer, error) {
+	want := WorkersConsumerConfig(c.Names, c.LeaseTTL, c.MaxAckPending, st.CachedInfo().Config.Replicas)
 	// Likewise a process with a shorter lease TTL or a smaller pending
 	// limit must not lower what running workers rely on.
-	if old, err := r.Inbox.Consumer(ctx, want.Durable); err == nil {
+	if old, err := st.Consumer(ctx, want.Durable); err == nil {
 		if have := old.CachedInfo().Config; have.AckWait > want.AckWait || have.MaxAckPending > want.MaxAckPending {
 			if have.AckWait > want.AckWait {
 				r.Warnings = append(r.Warnings, fmt.Sprintf("consumer %s has ack wait %s, longer than this process's %s (lease ttl %s): kept %s", want.Durable, have.AckWait, want.AckWait, c.LeaseTTL, have.AckWait))
@@ -247,15 +338,14 @@ func provision(ctx context.Context, js jetstream.JetStream, pc ProvisionConfig) 
 			want.MaxAckPending = max(want.MaxAckPending, have.MaxAckPending)
 		}
 	}
-	cons, err := r.Inbox.CreateOrUpdateConsumer(ctx, want)
+	cons, err := st.CreateOrUpdateConsumer(ctx, want)
 	if err != nil {
-		return nil, fmt.Errorf("provision consumer %s: %w", want.Durable, err)
+		return nil, fmt.Errorf("provision consumer %s on %s: %w", want.Durable, st.CachedInfo().Config.Name, err)
 	}
 	if err := AssertWorkersConsumer(ctx, cons, c.LeaseTTL); err != nil {
 		return nil, err
 	}
-	r.Consumer = cons
-	return r, nil
+	return cons, nil
 }
 
 // WorkersConsumerConfig is the configuration of the shared workers consumer:
@@ -270,9 +360,10 @@ func WorkersConsumerConfig(n Names, leaseTTL time.Duration, maxAckPending, repli
 		MaxDeliver:    -1,
 		MaxAckPending: maxAckPending,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
-		FilterSubject: n.InboxWildcard(),
-		Replicas:      replicas,
-		MaxWaiting:    512,
+		// No filter: the stream's subjects are exactly its partitions (and
+		// change during a migration).
+		Replicas:   replicas,
+		MaxWaiting: 512,
 	}
 }
 
@@ -358,6 +449,10 @@ func ensureInbox(ctx context.Context, js jetstream.JetStream, cfg jetstream.Stre
 		}
 		update := cfg
 		update.Metadata = map[string]string{InboxIDMetadata: id}
+		// The subjects of an existing inbox stream are the migration's to
+		// change: a process provisioning from a map read a moment ago must
+		// not give a partition back to the stream it is being moved from.
+		update.Subjects = info.Config.Subjects
 		s, err = js.UpdateStream(ctx, update)
 		if err != nil {
 			return nil, "", fmt.Errorf("provision stream %s: %w", cfg.Name, err)
@@ -430,5 +525,19 @@ func bind(ctx context.Context, js jetstream.JetStream, c ProvisionConfig) (*Reso
 		return nil, err
 	}
 	r.Consumer = cons
+	// The inbox map and every inbox stream it names, with their consumers
+	// (a fleet provisioned before there was a map has its one stream).
+	if r.Inboxes, err = OpenInboxes(ctx, js, n, true); err != nil {
+		return nil, missing("inbox streams", n.InboxMapBucket(), err)
+	}
+	if m, _ := r.Inboxes.Map(); c.InboxStreams != 0 && c.InboxStreams != m.Count() {
+		return nil, permanent(fmt.Errorf("%w: the fleet has %d inbox streams and this process is configured for %d (nats.inbox_streams); set it to %d or 0, or change the fleet's count with `fleetctl inbox streams %d`",
+			ErrInboxStreams, m.Count(), c.InboxStreams, m.Count(), c.InboxStreams))
+	}
+	for _, in := range r.Inboxes.All() {
+		if err := AssertWorkersConsumer(ctx, in.Consumer, c.LeaseTTL); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
 }

@@ -641,6 +641,15 @@ type NATSConfig struct {
 	// Defaults to 1.
 	Replicas int `yaml:"replicas" json:"replicas"`
 
+	// InboxStreams is how many inbox streams the 64 partitions are spread
+	// over (partition p in stream p mod N), 1 to 16. A new fleet is provisioned with
+	// it; 0 takes the fleet's current count (1 for a new fleet). A non-zero
+	// value that differs from the fleet's is refused at start: change the
+	// count of a running fleet with `fleetctl inbox streams N`.
+	//
+	// Defaults to 0.
+	InboxStreams int `yaml:"inbox_streams" json:"inbox_streams"`
+
 	// ConnectTimeout bounds the initial connection.
 	//
 	// Defaults to 5s.

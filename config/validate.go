@@ -346,6 +346,13 @@ func checkReplicas(v any) string {
 	return fmt.Sprintf("%q is not a replica count (1, 3 or 5)", strconv.Itoa(v.(int)))
 }
 
+func checkInboxStreams(v any) string {
+	if n := v.(int); n < 0 || n > 16 {
+		return fmt.Sprintf("%q is not an inbox stream count (0 to 16; 0 keeps the fleet's)", strconv.Itoa(n))
+	}
+	return ""
+}
+
 // mcpNameRE is what an MCP server's name may be: it prefixes tool names,
 // which models take as [A-Za-z0-9_-]{1,64}.
 var mcpNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)

@@ -418,7 +418,7 @@ func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptRespons
 			return nil, unavailable("cannot check the message id for duplicates; retry", err)
 		}
 		if found {
-			return &acceptResponse{SessionKey: s.keyAt(rctx, seq, key), Seq: seq, Duplicate: true}, nil
+			return &acceptResponse{SessionKey: s.keyAt(rctx, m.lane, seq, key), Seq: seq, Duplicate: true}, nil
 		}
 		corrupt = bad
 	}
@@ -428,10 +428,17 @@ func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptRespons
 		return nil, e
 	}
 	ctx, cancel := s.opCtx(rctx)
-	ack, err := s.js.PublishMsg(ctx, msg,
-		jetstream.WithMsgID(m.msgID),
-		jetstream.WithExpectStream(s.names.InboxStream()))
+	// No stream takes the subject while a migration moves the lane's
+	// partition between inbox streams (seconds): the publish is retried
+	// until the request's publish timeout, then answered 503 (the client's
+	// retry, with the same message id, is de-duplicated).
+	ack, err := s.js.PublishMsg(ctx, msg, append(broker.InboxPublishOptions(), jetstream.WithMsgID(m.msgID))...)
 	cancel()
+	if err == nil {
+		if _, ok := s.names.InboxStreamIndex(ack.Stream); !ok {
+			err = fmt.Errorf("stored by stream %s, not an inbox stream of prefix %q", ack.Stream, s.names.Prefix())
+		}
+	}
 	if errors.Is(err, nats.ErrMaxPayload) {
 		return nil, errorf(http.StatusRequestEntityTooLarge, "the message is too large for the inbox (the server takes at most %d bytes per message, envelope included)", s.maxPayload())
 	}
@@ -440,7 +447,7 @@ func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptRespons
 	}
 	resp := &acceptResponse{SessionKey: key, Seq: ack.Sequence, Duplicate: ack.Duplicate}
 	if ack.Duplicate {
-		resp.SessionKey = s.keyAt(rctx, ack.Sequence, key)
+		resp.SessionKey = s.keyAt(rctx, m.lane, ack.Sequence, key)
 	}
 	if !corrupt {
 		// The id is recorded past the stream's window by the worker that
@@ -462,10 +469,10 @@ func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptRespons
 // answer: a retry that reused a message id with another thread or user
 // derives another key, but the message that holds the id went to the first
 // one, and that is where its replies are. fallback when it cannot be read.
-func (s *Server) keyAt(rctx context.Context, seq uint64, fallback string) string {
+func (s *Server) keyAt(rctx context.Context, lane string, seq uint64, fallback string) string {
 	ctx, cancel := s.opCtx(rctx)
 	defer cancel()
-	raw, err := s.res.Inbox.GetMsg(ctx, seq)
+	raw, err := s.inboxOf(ctx, lane).GetMsg(ctx, seq)
 	if err != nil {
 		return fallback
 	}
@@ -499,8 +506,7 @@ func (s *Server) inboxMsg(ctx context.Context, m *inboxMessage) (*nats.Msg, *api
 		// The payload limit counts the data and the header block, which
 		// also gets the Msg-Id and expected-stream headers of the publish.
 		size := len(msg.Data) + len("NATS/1.0\r\n\r\n") +
-			len(jetstream.MsgIDHeader) + len(m.msgID) + 4 +
-			len("Nats-Expected-Stream") + len(s.names.InboxStream()) + 4
+			len(jetstream.MsgIDHeader) + len(m.msgID) + 4
 		for k, vs := range msg.Header {
 			for _, v := range vs {
 				size += len(k) + len(v) + 4 // "k: v\r\n"
@@ -558,4 +564,14 @@ func randomID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
 	return "rand:" + hex.EncodeToString(b[:])
+}
+
+// inboxOf is the inbox stream that holds lane's messages now. The map is
+// read again when older than a second (one KV get; this is only asked for
+// duplicates), since a migration may have moved the lane's partition.
+func (s *Server) inboxOf(ctx context.Context, lane string) jetstream.Stream {
+	if s.res.Inboxes == nil {
+		return s.res.Inbox
+	}
+	return s.res.Inboxes.Fresh(ctx, time.Second).ForLane(lane).Stream
 }

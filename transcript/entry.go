@@ -76,6 +76,11 @@ type Entry struct {
 	FinishReason string    `json:"finish_reason,omitempty"`
 	// InboxSeq is, on user entries, the inbox stream sequence they came from.
 	InboxSeq uint64 `json:"inbox_seq,omitempty"`
+	// InboxID is, on user entries, the identity of the inbox stream
+	// InboxSeq counts in: a lane's partition can move to another inbox
+	// stream (docs/scaling.md), whose seqs may repeat the old one's. Empty
+	// on entries written before there were several inbox streams.
+	InboxID string `json:"inbox_id,omitempty"`
 	// TurnID is the turn that wrote the entry (also header Fleet-Turn-Id).
 	TurnID     string `json:"turn_id,omitempty"`
 	SenderName string `json:"sender_name,omitempty"`

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/telemetry"
 	"github.com/agentfleet/agentfleet/transcript"
 )
@@ -18,15 +19,29 @@ type txState struct {
 	entries   []transcript.Entry
 	last      uint64
 	ids       map[string]bool
-	userSeqs  map[uint64]bool
+	userSeqs  map[userKey]bool
 	// effective is transcript.Effective(entries), kept up to date by add;
 	// hist is historyOf(effective), the agent's history, kept with it.
 	effective []transcript.Entry
 	hist      []agent.Message
 }
 
+// userKey names the inbox message a user entry came from: its stream's
+// identity and its seq there.
+type userKey struct {
+	inbox string
+	seq   uint64
+}
+
+// hasUser reports whether the transcript holds the user entry of the
+// message at seq of inbox stream in. Entries written before they carried
+// their stream's identity came from stream 0, the only one there was.
+func (t *txState) hasUser(in *broker.Inbox, seq uint64) bool {
+	return t.userSeqs[userKey{in.ID, seq}] || (in.Index == 0 && t.userSeqs[userKey{"", seq}])
+}
+
 func newTxState(sid string, entries []transcript.Entry, last uint64) *txState {
-	st := &txState{sessionID: sid, last: last, ids: make(map[string]bool, len(entries)), userSeqs: map[uint64]bool{}}
+	st := &txState{sessionID: sid, last: last, ids: make(map[string]bool, len(entries)), userSeqs: map[userKey]bool{}}
 	for _, e := range entries {
 		st.add(e)
 	}
@@ -42,7 +57,7 @@ func (t *txState) add(e transcript.Entry) {
 		t.ids[e.ID] = true
 	}
 	if e.Kind == transcript.KindMessage && e.Role == "user" && e.InboxSeq > 0 {
-		t.userSeqs[e.InboxSeq] = true
+		t.userSeqs[userKey{e.InboxID, e.InboxSeq}] = true
 	}
 	if e.Kind == transcript.KindRewind {
 		// Rewinds change what is effective; reapply on the whole log.

@@ -165,7 +165,7 @@ func (w *Worker) wakeLaneAs(ctx context.Context, lane string, free bool, again s
 	case errors.Is(err, kv.ErrNotFound):
 		// A lane whose first message never got an entry: the session key
 		// is in the message.
-		last, err := w.res.Inbox.GetLastMsgForSubject(ctx, w.names.InboxSubject(session.Partition(w.names.Prefix(), lane), lane))
+		last, err := w.inboxes.ForLane(lane).Stream.GetLastMsgForSubject(ctx, w.names.InboxSubject(session.Partition(w.names.Prefix(), lane), lane))
 		if err != nil || last.Header.Get(broker.HdrSessionKey) == "" {
 			return false, nil
 		}
@@ -194,8 +194,9 @@ func (w *Worker) wakeStrandedAs(ctx context.Context, lane string, e *session.Ses
 	stranded := e.Turn != nil || autoResumeDue(e, w.cfg.Now(), w.cfg.Freshness)
 	if !stranded {
 		subject := w.names.InboxSubject(session.Partition(w.names.Prefix(), lane), lane)
-		last, err := w.res.Inbox.GetLastMsgForSubject(ctx, subject)
-		if err == nil && (e.InboxID != w.res.InboxID || last.Sequence > e.CommittedSeq) {
+		in := w.inboxes.ForLane(lane)
+		last, err := in.Stream.GetLastMsgForSubject(ctx, subject)
+		if err == nil && (e.InboxID != in.ID || last.Sequence > e.CommittedSeq) {
 			stranded = true
 		}
 	}

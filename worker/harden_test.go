@@ -136,12 +136,12 @@ func TestFailedWritesDoNotCycleTheLease(t *testing.T) {
 	}
 	lane, seq := f.post("hiccup", "are you there?", "h-1")
 	var epoch uint64
-	natstest.WaitFor(t, 60*time.Second, "four attempts", func() error {
+	natstest.WaitFor(t, 90*time.Second, "six attempts", func() error {
 		e, _, err := f.store.Get(t.Context(), lane)
 		if err != nil {
 			return err
 		}
-		if e.Turn == nil || e.Turn.Attempt < 4 {
+		if e.Turn == nil || e.Turn.Attempt < 6 {
 			return fmt.Errorf("turn %+v", e.Turn)
 		}
 		epoch = e.LeaseEpoch
@@ -151,9 +151,12 @@ func TestFailedWritesDoNotCycleTheLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// One lease, taken once or twice: not once per attempt.
-	if epoch > 3 {
-		t.Fatalf("lease epoch %d after 4 attempts (leases bucket %d values): the lease cycled", epoch, info.Values())
+	// One lease, taken once or twice: not once per attempt. On a loaded
+	// machine a starved liveness renewal can cost one or two takeovers, so
+	// the bound leaves room for them; a lease cycled per attempt would be
+	// at epoch 6 or more by now.
+	if epoch > 4 {
+		t.Fatalf("lease epoch %d after 6 attempts (leases bucket %d values): the lease cycled", epoch, info.Values())
 	}
 	if _, err := broker.Provision(t.Context(), f.js, broker.ProvisionConfig{Names: f.names, LeaseTTL: testTTL}); err != nil {
 		t.Fatal(err)

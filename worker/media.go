@@ -35,7 +35,7 @@ func userMessage(m inboxMsg) agent.UserMessage {
 // with its attachments (references) and quote.
 func userEntry(turnID string, m inboxMsg, now time.Time) transcript.Entry {
 	return transcript.Entry{ID: fmt.Sprintf("%s:user:%d", turnID, m.seq), Kind: transcript.KindMessage, Role: "user",
-		Content: m.body.Text, InboxSeq: m.seq, TurnID: turnID, SenderName: m.body.Source.UserName, Timestamp: now,
+		Content: m.body.Text, InboxSeq: m.seq, InboxID: m.inboxID, TurnID: turnID, SenderName: m.body.Source.UserName, Timestamp: now,
 		Attachments: m.body.Attachments, Quote: m.body.Quote}
 }
 

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/telemetry"
@@ -52,7 +53,10 @@ type owner struct {
 	w       *Worker
 	lane    string
 	subject string
-	log     *slog.Logger
+	// in is the inbox stream of the current ownership (bind); seqs, reads,
+	// hints and held deliveries all count in it.
+	in  atomic.Pointer[broker.Inbox]
+	log *slog.Logger
 	// logScope adds the running turn's ids to log's lines, the renew
 	// loop's included; tt is the running turn's trace (tracing.go), read by
 	// the agent goroutine's appends and publishes.
@@ -166,6 +170,9 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 		o.cancel(errHardStop)
 	}
 
+	// The lane's inbox stream for this ownership: its reads, its seqs and
+	// the deliveries it holds all belong to it.
+	in := o.bind()
 	fallbackKey := o.firstHeldKey()
 	if err := o.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
 		if e == nil {
@@ -179,8 +186,11 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 		}
 		e.Owner = w.owner
 		e.LeaseEpoch = lease.Epoch
-		if e.InboxID != w.res.InboxID {
-			e.InboxID = w.res.InboxID
+		// A lane met in another inbox stream than its committed seq
+		// counts in (a new stream, or its partition moved) starts over:
+		// only the stream a partition is assigned to holds its messages.
+		if e.InboxID != in.ID {
+			e.InboxID = in.ID
 			e.CommittedSeq = 0
 		}
 		return e, nil
@@ -577,6 +587,12 @@ func (o *owner) release() {
 // redelivery. It reports whether the lane must be taken again.
 func (o *owner) releaseAndRecheck() bool {
 	o.release()
+	if o.moved() {
+		// The lane's partition moved to another stream: take it again
+		// there at once (begin binds the new stream), so what the new
+		// stream holds does not wait for a redelivery.
+		return !o.w.draining()
+	}
 	if o.entry == nil {
 		return false
 	}

@@ -23,9 +23,11 @@ import (
 
 // inboxMsg is one lane message read from the inbox stream.
 type inboxMsg struct {
-	seq  uint64
-	kind string
-	body session.Inbound
+	seq uint64
+	// inboxID is the identity of the inbox stream seq counts in.
+	inboxID string
+	kind    string
+	body    session.Inbound
 	// trace is the span context of the message's publish, if traced.
 	trace trace.SpanContext
 }
@@ -43,7 +45,7 @@ func (o *owner) peek(ctx context.Context, seq uint64) (*inboxMsg, error) {
 	if m := o.hintedAt(seq); m != nil {
 		return m, nil
 	}
-	raw, err := o.w.res.Inbox.GetMsg(context.WithoutCancel(ctx), seq, jetstream.WithGetMsgSubject(o.subject))
+	raw, err := o.inbox().Stream.GetMsg(context.WithoutCancel(ctx), seq, jetstream.WithGetMsgSubject(o.subject))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, nil
 	}
@@ -55,6 +57,11 @@ func (o *owner) peek(ctx context.Context, seq uint64) (*inboxMsg, error) {
 
 func (o *owner) decodeInbox(seq uint64, hdr nats.Header, data []byte) *inboxMsg {
 	m := &inboxMsg{seq: seq, kind: hdr.Get(broker.HdrKind), trace: telemetry.SpanContextOf(hdr)}
+	if in := o.in.Load(); in != nil {
+		m.inboxID = in.ID
+	} else if o.w != nil {
+		m.inboxID = o.inbox().ID
+	}
 	if err := json.Unmarshal(data, &m.body); err != nil {
 		// Ingress never writes this; keep the lane moving with an empty
 		// message rather than wedging it.
@@ -83,12 +90,62 @@ func seqOf(m jetstream.Msg) uint64 {
 
 func seqString(s uint64) string { return strconv.FormatUint(s, 10) }
 
+// inbox is the lane's inbox stream: the one bound to the ownership, or,
+// before one, the one the inbox map names now.
+func (o *owner) inbox() *broker.Inbox {
+	if in := o.in.Load(); in != nil {
+		return in
+	}
+	return o.w.inboxes.ForLane(o.lane)
+}
+
+// bind fixes the lane's inbox stream for an ownership: the one the map names
+// now. Held deliveries of another stream (the map changed since they were
+// offered) are handed back: their seqs count in another stream.
+func (o *owner) bind() *broker.Inbox {
+	in := o.w.inboxes.ForLane(o.lane)
+	o.in.Store(in)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for s, m := range o.held {
+		if streamOf(m) != in.Name {
+			o.settled("nak", s, m.NakWithDelay(time.Second))
+			delete(o.held, s)
+		}
+	}
+	return in
+}
+
+// moved reports whether the inbox map now puts the lane in another stream
+// than the ownership's (a migration moved its partition): the owner then
+// releases the lane as soon as it is idle, and the next owner reads the new
+// stream.
+func (o *owner) moved() bool {
+	in := o.in.Load()
+	return in != nil && o.w.inboxes.ForLane(o.lane).Name != in.Name
+}
+
+func streamOf(m jetstream.Msg) string {
+	md, err := m.Metadata()
+	if err != nil {
+		return ""
+	}
+	return md.Stream
+}
+
 // offer hands a delivery to the lane; false when the runner has stopped.
 func (o *owner) offer(m jetstream.Msg) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
 		return false
+	}
+	if streamOf(m) != o.inbox().Name {
+		// A delivery of another inbox stream than the lane is read from
+		// (its partition moved): its seq means nothing here. Handed back
+		// for the lane's next owner, once this one released.
+		o.settled("nak", seqOf(m), m.NakWithDelay(time.Second))
+		return true
 	}
 	// A redelivery of a delivery we hold supersedes it.
 	seq := seqOf(m)
@@ -117,9 +174,17 @@ func (o *owner) closeInbox() []jetstream.Msg {
 // deliveries remain held.
 func (o *owner) ackUpTo(seq uint64) bool {
 	o.dropHinted(seq)
+	name := o.inbox().Name
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for s, m := range o.held {
+		if streamOf(m) != name {
+			// Of another stream (the map changed since it was held): seq
+			// counts elsewhere, so it is handed back, never acked here.
+			o.settled("nak", s, m.NakWithDelay(time.Second))
+			delete(o.held, s)
+			continue
+		}
 		if s <= seq {
 			o.settled("ack", s, m.Ack())
 			delete(o.held, s)
@@ -246,6 +311,9 @@ const maxHinted = 64
 // keepHint records the message a hint carries and returns its seq; false
 // when the hint lacks the sequence headers.
 func (o *owner) keepHint(m *nats.Msg) (uint64, bool) {
+	if in, from := o.in.Load(), m.Header.Get(jetstream.StreamHeader); in != nil && from != "" && from != in.Name {
+		return 0, false // a hint of another inbox stream: its seqs count there
+	}
 	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
 	if err != nil || seq == 0 {
 		return 0, false

@@ -55,11 +55,12 @@ func (w *Worker) Prune(ctx context.Context) (int, error) {
 func (w *Worker) pruneEntry(ctx context.Context, r kv.Record) (bool, error) {
 	e := r.Entry
 	subject := w.names.InboxSubject(session.Partition(w.names.Prefix(), r.Lane), r.Lane)
-	if last, err := w.res.Inbox.GetLastMsgForSubject(ctx, subject); err == nil && last.Sequence > e.CommittedSeq {
+	in := w.inboxes.ForLane(r.Lane)
+	if last, err := in.Stream.GetLastMsgForSubject(ctx, subject); err == nil && last.Sequence > e.CommittedSeq {
 		return false, nil // unprocessed work: not prunable
 	}
-	if e.InboxID == w.res.InboxID && e.CommittedSeq > 0 {
-		if err := w.res.Inbox.Purge(ctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(e.CommittedSeq+1)); err != nil {
+	if e.InboxID == in.ID && e.CommittedSeq > 0 {
+		if err := in.Stream.Purge(ctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(e.CommittedSeq+1)); err != nil {
 			return false, err
 		}
 	}

@@ -183,7 +183,7 @@ func (l *lane) recoverTurn() error {
 	// commits as stopped (its messages recorded), and the command follows.
 	if l.cancelAhead(t.LastSeq) {
 		for _, m := range msgs {
-			if st.userSeqs[m.seq] {
+			if st.hasUser(l.inbox(), m.seq) {
 				continue
 			}
 			e := userEntry(t.ID, m, w.cfg.Now())
@@ -376,7 +376,7 @@ func interruptedAt(st *txState, t *session.TurnIntent, e *session.SessionEntry) 
 // the resume note, unless the policy resets it (session.Decide).
 func (l *lane) parkStale(st *txState, t *session.TurnIntent, msgs []inboxMsg, reason string, at time.Time, interrupted int) error {
 	for _, m := range msgs {
-		if st.userSeqs[m.seq] || m.kind == session.KindInternal {
+		if st.hasUser(l.inbox(), m.seq) || m.kind == session.KindInternal {
 			continue
 		}
 		e := userEntry(t.ID, m, l.w.cfg.Now())
@@ -432,7 +432,7 @@ func (l *lane) deadLetter(st *txState, t *session.TurnIntent, msgs []inboxMsg, s
 	w := l.w
 	reason := fmt.Sprintf("interrupted %d times in a row", interrupted)
 	for _, m := range msgs {
-		raw, err := w.res.Inbox.GetMsg(context.WithoutCancel(l.ctx), m.seq)
+		raw, err := l.inbox().Stream.GetMsg(context.WithoutCancel(l.ctx), m.seq)
 		if err != nil {
 			l.log.Warn("read message to dead-letter", slog.Uint64("seq", m.seq), slog.Any("error", err))
 			return l.failed(err)
@@ -451,7 +451,7 @@ func (l *lane) deadLetter(st *txState, t *session.TurnIntent, msgs []inboxMsg, s
 		dl.Header.Set(broker.HdrSessionID, t.SessionID)
 		dl.Header.Set(broker.HdrTurnID, t.ID)
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), 5*time.Second)
-		_, err = w.js.PublishMsg(ctx, dl, jetstream.WithMsgID(fmt.Sprintf("dlq:%s:%d", w.res.InboxID, m.seq)))
+		_, err = w.js.PublishMsg(ctx, dl, jetstream.WithMsgID(fmt.Sprintf("dlq:%s:%d", l.inbox().ID, m.seq)))
 		cancel()
 		if err != nil {
 			l.log.Warn("dead-letter publish", slog.Any("error", err))

@@ -62,11 +62,14 @@ func (l *lane) run() {
 	defer func() {
 		left := l.w.laneExit(l)
 		committed := uint64(0)
-		if l.entry != nil && l.entry.InboxID == l.w.res.InboxID {
+		in := l.inbox()
+		if l.entry != nil && l.entry.InboxID == in.ID {
 			committed = l.entry.CommittedSeq
 		}
 		for _, m := range left {
-			if seqOf(m) <= committed {
+			if streamOf(m) != in.Name {
+				_ = m.NakWithDelay(time.Second) // its seq counts in another stream
+			} else if seqOf(m) <= committed {
 				_ = m.Ack()
 			} else {
 				_ = m.Nak()
@@ -85,7 +88,7 @@ func (l *lane) run() {
 		l.entry, l.rev = entry, rev
 	}
 	// Wake-up step 1: deliveries whose effects are already durable.
-	if l.entry != nil && l.entry.InboxID == l.w.res.InboxID {
+	if l.entry != nil && l.entry.InboxID == l.inbox().ID {
 		if !l.ackUpTo(l.entry.CommittedSeq) && l.entry.Turn == nil {
 			if l.entry.Owner == "" || !l.w.draining() {
 				// Nothing newer was handed to us. A sweep may still need
@@ -177,6 +180,12 @@ func (l *lane) own(lease *kv.Lease) bool {
 			if l.ctx.Err() != nil {
 				continue
 			}
+			if l.moved() {
+				// The bound stream may be gone (a migration moved the
+				// partition and removed the stream): hand the lane over to
+				// its new stream.
+				return l.releaseAndRecheck()
+			}
 			l.log.Warn("peek", slog.Any("error", err))
 			l.wait(time.Second)
 			continue
@@ -211,7 +220,7 @@ func (l *lane) own(lease *kv.Lease) bool {
 			continue
 		}
 		remaining := time.Until(lingerUntil)
-		if remaining <= 0 {
+		if remaining <= 0 || l.moved() {
 			return l.releaseAndRecheck()
 		}
 		if remaining > w.cfg.PeekInterval {
@@ -252,6 +261,8 @@ func (l *lane) wait(d time.Duration) bool {
 		return true
 	case <-l.w.drainCh:
 		return true
+	case <-l.w.inboxes.Changed():
+		return true // the lane's partition may have moved (see moved)
 	case <-l.ctx.Done():
 		return false
 	case <-t.C:

@@ -204,7 +204,7 @@ func (l *lane) dropUnrecordable(st *step, cause error) error {
 	reason := fmt.Sprintf("cannot be recorded: %v", cause)
 	last := st.msgs[0].seq
 	for _, m := range st.msgs[:1] {
-		raw, err := w.res.Inbox.GetMsg(context.WithoutCancel(l.ctx), m.seq)
+		raw, err := l.inbox().Stream.GetMsg(context.WithoutCancel(l.ctx), m.seq)
 		if err != nil {
 			l.log.Warn("read message to dead-letter", slog.Uint64("seq", m.seq), slog.Any("error", err))
 			return l.failed(err)
@@ -219,7 +219,7 @@ func (l *lane) dropUnrecordable(st *step, cause error) error {
 		dl.Header.Set(broker.HdrReason, reason)
 		dl.Header.Set(broker.HdrInboxSeq, seqString(m.seq))
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), 5*time.Second)
-		_, err = w.js.PublishMsg(ctx, dl, jetstream.WithMsgID(fmt.Sprintf("dlq:%s:%d", w.res.InboxID, m.seq)))
+		_, err = w.js.PublishMsg(ctx, dl, jetstream.WithMsgID(fmt.Sprintf("dlq:%s:%d", l.inbox().ID, m.seq)))
 		cancel()
 		if err != nil {
 			l.log.Warn("dead-letter publish", slog.Uint64("seq", m.seq), slog.Any("error", err))
@@ -231,7 +231,7 @@ func (l *lane) dropUnrecordable(st *step, cause error) error {
 		if err != nil {
 			return l.failed(err)
 		}
-		intent := &session.TurnIntent{ID: fmt.Sprintf("drop:%s:%d", w.res.InboxID, st.msgs[0].seq), SessionID: sid,
+		intent := &session.TurnIntent{ID: fmt.Sprintf("drop:%s:%d", l.inbox().ID, st.msgs[0].seq), SessionID: sid,
 			FirstSeq: st.msgs[0].seq, LastSeq: last}
 		src := sourceOf(l.entry, nil)
 		if err := l.emitNotice(tx, intent, intent.ID+":notice", noticeUnrecordable, src); err != nil {

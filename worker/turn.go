@@ -194,7 +194,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 			}
 			continue
 		}
-		if st.userSeqs[m.seq] {
+		if st.hasUser(l.inbox(), m.seq) {
 			users = append(users, userMessage(m))
 			continue
 		}

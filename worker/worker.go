@@ -42,6 +42,7 @@ type Worker struct {
 	tracer trace.Tracer
 	cache  *agentCache
 
+	inboxes   *broker.InboxSet
 	mu        sync.Mutex
 	lanes     map[string]*lane
 	laneSlots chan struct{}
@@ -126,6 +127,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Confi
 		leases:    kv.NewLeases(js, res, c.Names, c.LeaseTTL),
 		live:      newLiveness(kv.NewLeases(js, res, c.Names, c.LivenessTTL), c.LivenessTTL),
 		msgids:    kv.NewMsgIDs(res),
+		inboxes:   res.Inboxes,
 		tx:        tx,
 		owner:     c.ID + "/" + hex.EncodeToString(inc[:]),
 		cache:     newAgentCache(c.CacheSize, c.CacheIdleTTL),
@@ -160,8 +162,10 @@ func (w *Worker) LanesOwned() int {
 // marks running turns resume_pending, waits up to the drain timeout, cancels
 // what is left and releases everything. Run returns when all of that is done.
 func (w *Worker) Run(ctx context.Context) error {
-	if err := broker.AssertWorkersConsumer(ctx, w.res.Consumer, w.cfg.LeaseTTL); err != nil {
-		return err
+	for _, in := range w.inboxes.All() {
+		if err := broker.AssertWorkersConsumer(ctx, in.Consumer, w.cfg.LeaseTTL); err != nil {
+			return err
+		}
 	}
 	if err := w.startLiveness(ctx); err != nil {
 		return err
@@ -170,21 +174,28 @@ func (w *Worker) Run(ctx context.Context) error {
 	liveDone := make(chan struct{})
 	go func() { defer close(liveDone); w.livenessLoop(liveStop) }()
 	defer func() { close(liveStop); <-liveDone }()
-	it, err := w.res.Consumer.Messages(jetstream.PullMaxMessages(4), jetstream.PullExpiry(pullExpiry))
-	if err != nil {
-		return fmt.Errorf("worker: pull: %w", err)
+	pulls := &pullers{w: w, by: map[string]*puller{}}
+	if err := pulls.reconcile(); err != nil {
+		pulls.stopAll()
+		return err
 	}
+	// Follow the inbox map: a migration adds and removes streams, and
+	// moves partitions between them.
+	mapCtx, mapStop := context.WithCancel(context.Background())
+	mapDone := make(chan struct{})
+	go func() { defer close(mapDone); w.inboxes.Watch(mapCtx) }()
+	defer func() { mapStop(); <-mapDone }()
 	evictSub, err := w.nc.Subscribe(w.names.EvictSubject(), func(m *nats.Msg) {
 		w.cache.evictSession(string(m.Data))
 	})
 	if err != nil {
-		it.Stop()
+		pulls.stopAll()
 		return fmt.Errorf("worker: subscribe evictions: %w", err)
 	}
 	defer evictSub.Unsubscribe() //nolint:errcheck
 	unsubFwd, err := w.subscribeForwards()
 	if err != nil {
-		it.Stop()
+		pulls.stopAll()
 		return fmt.Errorf("worker: subscribe forwards: %w", err)
 	}
 	defer unsubFwd()
@@ -217,43 +228,28 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() { defer bg.Done(); w.heartbeatLoop(bgStop) }()
 	go func() { defer bg.Done(); w.watcherLoop(bgStop) }()
 
-	stopWatch := make(chan struct{})
-	go func() {
+	w.log.Info("worker started", slog.Duration("lease_ttl", w.cfg.LeaseTTL), slog.Duration("liveness_ttl", w.cfg.LivenessTTL), slog.Int("max_lanes", w.cfg.MaxLanes), slog.Int("max_turns", w.cfg.MaxTurns),
+		slog.Int("inbox_streams", len(w.inboxes.All())))
+	var runErr error
+	for running := true; running; {
 		select {
 		case <-ctx.Done():
-			w.beginDrain()
-			it.Drain()
-		case <-stopWatch:
-		}
-	}()
-
-	w.log.Info("worker started", slog.Duration("lease_ttl", w.cfg.LeaseTTL), slog.Duration("liveness_ttl", w.cfg.LivenessTTL), slog.Int("max_lanes", w.cfg.MaxLanes), slog.Int("max_turns", w.cfg.MaxTurns))
-	var runErr error
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				break
+			running = false
+		case <-w.inboxes.Changed():
+			if err := pulls.reconcile(); err != nil {
+				// The map named a stream whose consumer is not there yet:
+				// the next change, or the retry below, picks it up.
+				w.log.Warn("follow the inbox map", slog.Any("error", err))
+				select {
+				case <-ctx.Done():
+					running = false
+				case <-time.After(time.Second):
+				}
 			}
-			if w.draining() {
-				break
-			}
-			w.log.Warn("pull", slog.Any("error", err))
-			// Never spin on a failing pull: back off briefly.
-			select {
-			case <-w.drainCh:
-			case <-time.After(250 * time.Millisecond):
-			}
-			continue
 		}
-		if w.draining() {
-			_ = msg.Nak()
-			continue
-		}
-		w.dispatch(msg)
 	}
-	close(stopWatch)
 	w.beginDrain()
+	pulls.drainAll()
 	// A forwarded delivery starts its runner under w.mu only when no drain
 	// began: after this, no runner is added to w.wg.
 	w.mu.Lock()
@@ -347,6 +343,15 @@ func (w *Worker) runLocal(laneTok string, msg jetstream.Msg, block bool) bool {
 		return true
 	}
 	w.mu.Unlock()
+	if in := w.inboxes.ForLane(laneTok); streamOf(msg) != in.Name {
+		// A delivery of a stream the inbox map does not put the lane in:
+		// this worker has not seen the map a migration just wrote, or
+		// the delivery is of the stream the lane's partition left (drained
+		// and committed, then purged). Handed back: the lane's owner reads
+		// the lane from its stream.
+		_ = msg.NakWithDelay(time.Second)
+		return true
+	}
 	if block {
 		select {
 		case w.laneSlots <- struct{}{}:
@@ -430,6 +435,102 @@ func (w *Worker) publishInternal(ctx context.Context, lane, key, cmd, args, msgI
 	msg.Data = body
 	msg.Header.Set(broker.HdrSessionKey, key)
 	msg.Header.Set(broker.HdrKind, session.KindInternal)
-	_, err = w.js.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID))
+	_, err = w.js.PublishMsg(ctx, msg, append(broker.InboxPublishOptions(), jetstream.WithMsgID(msgID))...)
 	return err
+}
+
+// pullers are the worker's pull loops, one per inbox stream of the map.
+type pullers struct {
+	w       *Worker
+	by      map[string]*puller
+	stopped []*puller
+}
+
+type puller struct {
+	in   *broker.Inbox
+	it   jetstream.MessagesContext
+	done chan struct{}
+}
+
+// reconcile starts a pull loop for each stream of the map that has none and
+// stops those of streams the map no longer names.
+func (ps *pullers) reconcile() error {
+	want := map[string]bool{}
+	var errs []error
+	for _, in := range ps.w.inboxes.All() {
+		want[in.Name] = true
+		if ps.by[in.Name] != nil {
+			continue
+		}
+		it, err := in.Consumer.Messages(jetstream.PullMaxMessages(4), jetstream.PullExpiry(pullExpiry))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("worker: pull %s: %w", in.Name, err))
+			continue
+		}
+		p := &puller{in: in, it: it, done: make(chan struct{})}
+		ps.by[in.Name] = p
+		go ps.w.pullLoop(p)
+	}
+	for name, p := range ps.by {
+		if !want[name] {
+			// A stream a migration emptied and removes: nothing is left in
+			// it to hand out.
+			p.it.Stop()
+			ps.stopped = append(ps.stopped, p)
+			delete(ps.by, name)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// drainAll stops every pull loop, handing back what they had buffered.
+func (ps *pullers) drainAll() {
+	for _, p := range ps.by {
+		p.it.Drain()
+	}
+	ps.wait()
+}
+
+func (ps *pullers) wait() {
+	for _, p := range ps.by {
+		<-p.done
+	}
+	for _, p := range ps.stopped {
+		<-p.done
+	}
+}
+
+func (ps *pullers) stopAll() {
+	for _, p := range ps.by {
+		p.it.Stop()
+	}
+	ps.wait()
+}
+
+// pullLoop hands the deliveries of one inbox stream to their lanes.
+func (w *Worker) pullLoop(p *puller) {
+	defer close(p.done)
+	for {
+		msg, err := p.it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return
+			}
+			if w.draining() {
+				return
+			}
+			w.log.Warn("pull", slog.String("stream", p.in.Name), slog.Any("error", err))
+			// Never spin on a failing pull: back off briefly.
+			select {
+			case <-w.drainCh:
+			case <-time.After(250 * time.Millisecond):
+			}
+			continue
+		}
+		if w.draining() {
+			_ = msg.Nak()
+			continue
+		}
+		w.dispatch(msg)
+	}
 }

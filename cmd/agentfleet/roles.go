@@ -179,7 +179,7 @@ const minProvisionWait = 30 * time.Second
 // fix is a setting.
 func (rt *runtime) provision(ctx context.Context, js jetstream.JetStream) (*broker.Resources, error) {
 	res, err := broker.ProvisionRetry(ctx, js, broker.ProvisionConfig{
-		Names: rt.names, Replicas: rt.cfg.NATS.Replicas, LeaseTTL: rt.cfg.Lease.TTL.Duration(),
+		Names: rt.names, Replicas: rt.cfg.NATS.Replicas, LeaseTTL: rt.cfg.Lease.TTL.Duration(), InboxStreams: rt.cfg.NATS.InboxStreams,
 		// up's in-process roles provision whatever nats.provision says:
 		// their in-process user may.
 		BindOnly: !rt.cfg.NATS.Provision && rt.srv == nil,
@@ -331,7 +331,16 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 	del.SetMetrics(rt.instruments())
 	del.SetTracerProvider(rt.tracer())
 	// Backlog, ack pending and redeliveries of the fleet's consumers.
-	if _, err := rt.instruments().ObserveConsumers(telemetry.ConsumerStates(js, rt.names.InboxStream(), rt.names.OutboxStream())); err != nil {
+	// Every inbox stream the map names now (a migration changes them).
+	states := func(ctx context.Context) ([]telemetry.ConsumerState, error) {
+		var streams []string
+		for _, in := range res.Inboxes.All() {
+			streams = append(streams, in.Name)
+		}
+		streams = append(streams, rt.names.OutboxStream())
+		return telemetry.ConsumerStates(js, streams...)(ctx)
+	}
+	if _, err := rt.instruments().ObserveConsumers(states); err != nil {
 		return nil, err
 	}
 	if err := del.Start(ctx); err != nil {

@@ -511,13 +511,15 @@ func TestFlagsInAnyPosition(t *testing.T) {
 		{[]string{"config", "show"}, nil, []string{"--json"}},
 		{[]string{"session", "suspend-recent"}, nil, []string{"--max-age", "1ns", "--json"}},
 		{[]string{"top"}, nil, []string{"--interval", "2s", "--json"}},
+		{[]string{"inbox", "show"}, nil, []string{"--json"}},
+		{[]string{"inbox", "streams"}, []string{"1"}, []string{"--batch", "4", "--json"}},
 	}
 	global := []string{"-s", url, "--timeout", "20s", "-c", cfgFile}
 	// What a running fleet changes between two calls: clocks, counters
 	// (a sweep, a heartbeat, the worker registry catching up with the turn
 	// and the lane release), consumer and stream state.
 	volatile := []string{"heartbeat_age", "ttl_left", "heartbeat_at", "renewed_at", "at", "turns_per_sec", "sweeps", "expiry_wakes",
-		"waiting", "pending", "ack_pending", "messages", "bytes", "backlog", "in_flight", "revision",
+		"waiting", "pending", "ack_pending", "messages", "bytes", "backlog", "in_flight", "revision", "took_ns",
 		"lanes_owned", "takeovers", "turns", "turns_running", "cache_size", "recoveries", "dead_letters", "watcher", "state"}
 	for _, c := range cases {
 		orders := [][]string{

@@ -42,7 +42,7 @@ func laneCommand() *cli.Command {
 						return err
 					}
 					after := uint64(0)
-					if e.InboxID == cl.res.InboxID {
+					if e.InboxID == cl.res.Inboxes.ForLane(lane).ID {
 						after = e.CommittedSeq
 					}
 					queued, pending, err := inboxBacklog(ctx, cl, lane, after)

@@ -58,7 +58,7 @@ func newApp(out io.Writer) *cli.App {
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "overall timeout"},
 		}, connectionFlags()...),
 		Commands: []*cli.Command{keyCommand(), sessionCommand(), laneCommand(), transcriptCommand(), workerCommand(), deadLetterCommand(),
-			eventsCommand(), streamCommand(), topCommand(), configCommand(), deliveryCommand(), searchCommand(), historyCommand(), exportCommand(), statsCommand(),
+			eventsCommand(), streamCommand(), inboxCommand(), topCommand(), configCommand(), deliveryCommand(), searchCommand(), historyCommand(), exportCommand(), statsCommand(),
 			cliutil.CompletionCommand()},
 	}
 }
@@ -241,7 +241,7 @@ func sessionCommand() *cli.Command {
 					// The entry's queue_depth is as of its last turn: count
 					// what waits in the inbox now.
 					after := uint64(0)
-					if e.InboxID == cl.res.InboxID {
+					if e.InboxID == cl.res.Inboxes.ForLane(lane).ID {
 						after = e.CommittedSeq
 					}
 					queued, pending, berr := inboxBacklog(ctx, cl, lane, after)

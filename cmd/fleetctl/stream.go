@@ -48,7 +48,11 @@ func buildReport(ctx context.Context, cl *client) (fleetReport, error) {
 	n := cl.names
 	warn := func(format string, a ...any) { rep.Warnings = append(rep.Warnings, fmt.Sprintf(format, a...)) }
 	type target struct{ stream, bucket string }
-	targets := []target{{stream: n.InboxStream()}, {stream: n.TranscriptStream()}, {stream: n.OutboxStream()}, {stream: n.EventStream()}}
+	var targets []target
+	for _, in := range cl.res.Inboxes.All() {
+		targets = append(targets, target{stream: in.Name})
+	}
+	targets = append(targets, target{stream: n.TranscriptStream()}, target{stream: n.OutboxStream()}, target{stream: n.EventStream()})
 	for _, b := range []string{n.SessionsBucket(), n.SessionIDsBucket(), n.LeasesBucket(), n.MsgIDsBucket(), n.DeliveredBucket(), n.WorkersBucket()} {
 		targets = append(targets, target{stream: "KV_" + b, bucket: b})
 	}
@@ -88,7 +92,7 @@ func buildReport(ctx context.Context, cl *client) (fleetReport, error) {
 			cr := consumerReport{Name: ci.Name, Pending: ci.NumPending, AckPending: ci.NumAckPending, Redelivered: ci.NumRedelivered,
 				Waiting: ci.NumWaiting, MaxDeliver: ci.Config.MaxDeliver, AckWait: ci.Config.AckWait.String(), MaxAckPending: ci.Config.MaxAckPending}
 			sr.Consumers = append(sr.Consumers, cr)
-			if tg.stream == n.InboxStream() && ci.Name == n.WorkersConsumer() {
+			if _, inbox := n.InboxStreamIndex(tg.stream); inbox && ci.Name == n.WorkersConsumer() {
 				if ci.Config.MaxDeliver != -1 {
 					warn("consumer %s: max deliver %d, want -1 (unlimited): the server would drop a lane's message after %d deliveries",
 						ci.Name, ci.Config.MaxDeliver, ci.Config.MaxDeliver)

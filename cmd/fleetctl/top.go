@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/urfave/cli/v2"
 
+	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -160,7 +161,7 @@ func (s *turnSampler) follow(ctx context.Context, cl *client, caughtUp chan<- st
 		}
 		ts := turnSample{at: ev.At, failed: ev.Status != "completed"}
 		// Accepted when its first message was stored in the inbox.
-		if raw, err := cl.res.Inbox.GetMsg(ctx, ev.FirstSeq); err == nil && ev.FirstSeq > 0 {
+		if raw, err := cl.res.Inboxes.ForLane(ev.Lane).Stream.GetMsg(ctx, ev.FirstSeq); err == nil && ev.FirstSeq > 0 {
 			ts.latency = ev.At.Sub(raw.Time)
 		}
 		s.add(ts)
@@ -175,15 +176,11 @@ func (s *turnSampler) follow(ctx context.Context, cl *client, caughtUp chan<- st
 func collect(ctx context.Context, cl *client, s *turnSampler) (topSnapshot, error) {
 	snap := topSnapshot{At: time.Now(), Workers: []topWorker{}}
 	snap.topStats = s.stats(snap.At, topWindow)
-	info, err := cl.res.Inbox.Consumer(ctx, cl.names.WorkersConsumer())
+	backlog, inFlight, err := broker.WorkersBacklog(ctx, cl.res.Inboxes, cl.names)
 	if err != nil {
 		return snap, err
 	}
-	ci, err := info.Info(ctx)
-	if err != nil {
-		return snap, err
-	}
-	snap.Backlog, snap.InFlight = ci.NumPending, ci.NumAckPending
+	snap.Backlog, snap.InFlight = backlog, int(inFlight)
 	recs, err := worker.ListWorkers(ctx, cl.res.Workers)
 	if err != nil {
 		return snap, err

@@ -644,10 +644,8 @@ func (c *Console) handleFleet(w http.ResponseWriter, r *http.Request) {
 	slices.Sort(allP50)
 	slices.Sort(allP99)
 	d.P50, d.P99 = admin.Percentile(allP50, 0.5), admin.Percentile(allP99, 0.99)
-	if ci, err := fl.Res.Inbox.Consumer(ctx, fl.Names.WorkersConsumer()); err == nil {
-		if info, err := ci.Info(ctx); err == nil {
-			d.Backlog = info.NumPending
-		}
+	if pending, _, err := fl.WorkersBacklog(ctx); err == nil {
+		d.Backlog = pending
 	}
 	d.Charts = []chart{
 		{Title: "Turns per second", SVG: barChart("Turns per second, per minute of the last hour", h.From, turns, "%.2f", "")},

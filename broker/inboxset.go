@@ -1,0 +1,328 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/session"
+)
+
+// Inbox is one inbox stream with its identity and, for workers, its
+// workers consumer.
+type Inbox struct {
+	Index  int
+	Name   string
+	ID     string
+	Stream jetstream.Stream
+	// Consumer is the stream's workers consumer (nil when the set was
+	// opened without consumers).
+	Consumer jetstream.Consumer
+}
+
+// InboxSet is a process's view of the inbox map and the streams it names.
+// Readers ask it for a lane's stream; Watch keeps it current while the map
+// changes (a migration), and Changed signals each change.
+type InboxSet struct {
+	js        jetstream.JetStream
+	names     Names
+	bucket    jetstream.KeyValue
+	consumers bool
+
+	mu      sync.RWMutex
+	m       InboxMap
+	rev     uint64
+	streams map[int]*Inbox
+	changed chan struct{}
+	// readAt is when the map was last read (Refresh), for Fresh.
+	readAt atomic.Int64
+}
+
+// OpenInboxes reads the inbox map and opens the streams it names. With
+// consumers, each stream's workers consumer is opened too.
+func OpenInboxes(ctx context.Context, js jetstream.JetStream, n Names, consumers bool) (*InboxSet, error) {
+	s := &InboxSet{js: js, names: n, consumers: consumers, streams: map[int]*Inbox{}, changed: make(chan struct{})}
+	bucket, err := js.KeyValue(ctx, n.InboxMapBucket())
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		// A fleet provisioned before the count was configurable: its one
+		// inbox stream holds every partition.
+		return s, s.apply(ctx, DefaultInboxMap(1), 1)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("inbox map bucket %s: %w", n.InboxMapBucket(), err)
+	}
+	s.bucket = bucket
+	if err := s.Refresh(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// ReadInboxMap reads the stored map and its revision.
+func ReadInboxMap(ctx context.Context, bucket jetstream.KeyValue) (InboxMap, uint64, error) {
+	e, err := bucket.Get(ctx, InboxMapKey)
+	if err != nil {
+		return InboxMap{}, 0, err
+	}
+	m, err := DecodeInboxMap(e.Value())
+	return m, e.Revision(), err
+}
+
+// Refresh re-reads the map and opens any stream it names that is not open
+// yet.
+func (s *InboxSet) Refresh(ctx context.Context) error {
+	if s.bucket == nil {
+		return nil
+	}
+	m, rev, err := ReadInboxMap(ctx, s.bucket)
+	if err != nil {
+		return fmt.Errorf("read inbox map: %w", err)
+	}
+	if err := s.apply(ctx, m, rev); err != nil {
+		return err
+	}
+	s.readAt.Store(time.Now().UnixNano())
+	return nil
+}
+
+// Fresh re-reads the map when it was last read more than maxAge ago: for a
+// process that reads lanes now and then without following the map (Watch).
+// A failed read keeps the map it has.
+func (s *InboxSet) Fresh(ctx context.Context, maxAge time.Duration) *InboxSet {
+	if time.Since(time.Unix(0, s.readAt.Load())) > maxAge {
+		_ = s.Refresh(ctx)
+	}
+	return s
+}
+
+func (s *InboxSet) apply(ctx context.Context, m InboxMap, rev uint64) error {
+	s.mu.RLock()
+	stale := rev <= s.rev
+	s.mu.RUnlock()
+	if stale {
+		return nil
+	}
+	opened := map[int]*Inbox{}
+	for i := 0; i < m.Streams; i++ {
+		s.mu.RLock()
+		in := s.streams[i]
+		s.mu.RUnlock()
+		if in == nil {
+			var err error
+			if in, err = s.open(ctx, i); err != nil {
+				return err
+			}
+		}
+		opened[i] = in
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rev <= s.rev {
+		return nil
+	}
+	s.m, s.rev, s.streams = m, rev, opened
+	close(s.changed)
+	s.changed = make(chan struct{})
+	return nil
+}
+
+func (s *InboxSet) open(ctx context.Context, i int) (*Inbox, error) {
+	name := s.names.InboxStreamAt(i)
+	st, err := s.js.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("inbox stream %s: %w", name, err)
+	}
+	id := st.CachedInfo().Config.Metadata[InboxIDMetadata]
+	if id == "" {
+		return nil, fmt.Errorf("inbox stream %s has no identity metadata; run provisioning", name)
+	}
+	in := &Inbox{Index: i, Name: name, ID: id, Stream: st}
+	if s.consumers {
+		if in.Consumer, err = st.Consumer(ctx, s.names.WorkersConsumer()); err != nil {
+			return nil, fmt.Errorf("inbox stream %s: workers consumer: %w", name, err)
+		}
+	}
+	return in, nil
+}
+
+// Watch keeps the set current until ctx ends: each stored change of the map
+// is applied (a failure to open a stream it names is retried).
+func (s *InboxSet) Watch(ctx context.Context) {
+	if s.bucket == nil {
+		<-ctx.Done()
+		return
+	}
+	for ctx.Err() == nil {
+		w, err := s.bucket.Watch(ctx, InboxMapKey)
+		if err != nil {
+			if !sleepCtx(ctx, time.Second) {
+				return
+			}
+			continue
+		}
+		s.follow(ctx, w)
+		_ = w.Stop()
+	}
+}
+
+func (s *InboxSet) follow(ctx context.Context, w jetstream.KeyWatcher) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			m, err := DecodeInboxMap(e.Value())
+			if err != nil {
+				continue
+			}
+			for ctx.Err() == nil {
+				if err := s.apply(ctx, m, e.Revision()); err == nil || errors.Is(err, context.Canceled) {
+					break
+				}
+				if !sleepCtx(ctx, 250*time.Millisecond) {
+					return
+				}
+			}
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// Map returns the current map and its revision.
+func (s *InboxSet) Map() (InboxMap, uint64) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.m.Clone(), s.rev
+}
+
+// Changed is closed at the next change of the map.
+func (s *InboxSet) Changed() <-chan struct{} {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.changed
+}
+
+// ForPartition is the stream that holds partition p.
+func (s *InboxSet) ForPartition(p int) *Inbox {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.streams[s.m.Assign[p]]
+}
+
+// ForLane is the stream that holds lane's inbox.
+func (s *InboxSet) ForLane(lane string) *Inbox {
+	return s.ForPartition(session.Partition(s.names.Prefix(), lane))
+}
+
+// All returns the open streams in index order.
+func (s *InboxSet) All() []*Inbox {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]*Inbox, 0, len(s.streams))
+	for i := 0; i < s.m.Streams; i++ {
+		if in := s.streams[i]; in != nil {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+// ByName returns the open stream named name, or nil.
+func (s *InboxSet) ByName(name string) *Inbox {
+	i, ok := s.names.InboxStreamIndex(name)
+	if !ok {
+		return nil
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.streams[i]
+}
+
+// InboxPublishOptions are the options of a publish into the inbox: while a
+// migration moves the message's partition between streams no stream takes
+// its subject (no responders), and the publish is retried every 100 ms
+// until its context ends, instead of failing at once.
+func InboxPublishOptions() []jetstream.PublishOpt {
+	return []jetstream.PublishOpt{jetstream.WithRetryAttempts(1 << 20), jetstream.WithRetryWait(100 * time.Millisecond)}
+}
+
+// WorkersBacklog sums the workers consumers of every inbox stream of set:
+// the deliveries not yet handed out and those handed out and not acked.
+func WorkersBacklog(ctx context.Context, set *InboxSet, n Names) (pending, ackPending uint64, err error) {
+	for _, in := range set.All() {
+		cons := in.Consumer
+		if cons == nil {
+			if cons, err = in.Stream.Consumer(ctx, n.WorkersConsumer()); err != nil {
+				return 0, 0, err
+			}
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return 0, 0, err
+		}
+		pending += info.NumPending
+		ackPending += uint64(info.NumAckPending)
+	}
+	return pending, ackPending, nil
+}
+
+// AddInboxStream creates inbox stream i (or updates it, keeping its subjects
+// and identity) as map m describes it, with the replicas, de-duplication
+// window and workers consumer of model (another inbox stream).
+func AddInboxStream(ctx context.Context, js jetstream.JetStream, n Names, m InboxMap, i int, model jetstream.Stream) error {
+	mc := model.CachedInfo().Config
+	if _, _, err := ensureInbox(ctx, js, InboxStreamConfig(n, m, i, mc.Replicas, mc.Duplicates)); err != nil {
+		return err
+	}
+	mcons, err := model.Consumer(ctx, n.WorkersConsumer())
+	if err != nil {
+		return fmt.Errorf("workers consumer of %s: %w", mc.Name, err)
+	}
+	cfg := mcons.CachedInfo().Config
+	cfg.FilterSubject, cfg.FilterSubjects = "", nil
+	if _, err := js.CreateOrUpdateConsumer(ctx, n.InboxStreamAt(i), cfg); err != nil {
+		return fmt.Errorf("provision consumer %s on %s: %w", cfg.Durable, n.InboxStreamAt(i), err)
+	}
+	return nil
+}
+
+// SetInboxSubjects sets the subjects of inbox stream i to what map m gives
+// it (the migration's one way of changing them).
+func SetInboxSubjects(ctx context.Context, js jetstream.JetStream, n Names, m InboxMap, i int) error {
+	st, err := js.Stream(ctx, n.InboxStreamAt(i))
+	if err != nil {
+		return fmt.Errorf("inbox stream %s: %w", n.InboxStreamAt(i), err)
+	}
+	cfg := st.CachedInfo().Config
+	want := m.Subjects(n, i)
+	if slices.Equal(cfg.Subjects, want) {
+		return nil
+	}
+	cfg.Subjects = want
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("set the subjects of %s: %w", cfg.Name, err)
+	}
+	return nil
+}

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/agentfleet/agentfleet/admin"
+	"github.com/agentfleet/agentfleet/broker"
+)
+
+type inboxStreamReport struct {
+	Name       string `json:"name"`
+	Partitions []int  `json:"partitions"`
+	Messages   uint64 `json:"messages"`
+	Leader     string `json:"leader,omitempty"`
+}
+
+type inboxReport struct {
+	Streams   int                 `json:"streams"`
+	Target    int                 `json:"target,omitempty"`
+	Moving    []broker.Move       `json:"moving,omitempty"`
+	Revision  uint64              `json:"revision"`
+	PerStream []inboxStreamReport `json:"per_stream"`
+}
+
+func inboxCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "inbox",
+		Usage: "the inbox streams: which partitions each holds, and changing their number on a running fleet",
+		Subcommands: []*cli.Command{{
+			Name:  "show",
+			Usage: "the inbox map: each inbox stream, its partitions, messages and leader, and any migration under way",
+			Flags: []cli.Flag{jsonFlag()},
+			Action: func(c *cli.Context) error {
+				cl, ctx, done, err := dial(c)
+				if err != nil {
+					return err
+				}
+				defer done()
+				m, rev := cl.res.Inboxes.Map()
+				rep := inboxReport{Streams: m.Streams, Target: m.Target, Moving: m.Moving, Revision: rev, PerStream: []inboxStreamReport{}}
+				for _, in := range cl.res.Inboxes.All() {
+					sr := inboxStreamReport{Name: in.Name, Partitions: m.PartitionsOf(in.Index)}
+					if info, err := in.Stream.Info(ctx); err == nil {
+						sr.Messages = info.State.Msgs
+						if info.Cluster != nil {
+							sr.Leader = info.Cluster.Leader
+						}
+					}
+					rep.PerStream = append(rep.PerStream, sr)
+				}
+				if c.Bool("json") {
+					return printJSON(c.App.Writer, rep)
+				}
+				fmt.Fprintf(c.App.Writer, "inbox streams: %d (map revision %d)\n", rep.Streams, rep.Revision)
+				if m.Migrating() {
+					fmt.Fprintf(c.App.Writer, "migration under way to %d streams, %d partitions moving: run `fleetctl inbox streams %d` to finish it\n", m.Target, len(m.Moving), m.Count())
+				}
+				tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "STREAM\tPARTITIONS\tMESSAGES\tLEADER")
+				for _, sr := range rep.PerStream {
+					fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", sr.Name, len(sr.Partitions), sr.Messages, sr.Leader)
+				}
+				return tw.Flush()
+			},
+		}, {
+			Name:      "streams",
+			Usage:     "change the number of inbox streams of the running fleet to N, losing nothing (see docs/operations.md)",
+			ArgsUsage: "N",
+			Description: `Moves partitions (partition p goes to stream p mod N) a batch at a time: a moving partition's
+publishes wait (the ingress holds them up to its publish timeout, then answers 503 and the client
+retries), its old stream drains (every lane commits what it holds there), then the new stream takes it.
+Safe to run against a live fleet and to run again after an interruption (it finishes the migration).
+Set nats.inbox_streams to N (or 0) in the configuration of processes started afterwards.`,
+			Flags: []cli.Flag{
+				jsonFlag(),
+				&cli.IntFlag{Name: "batch", Value: 8, Usage: "partitions moved at once"},
+				&cli.DurationFlag{Name: "drain-timeout", Value: 0, Usage: "longest wait for one batch's old stream to drain (then the batch reopens where it was)", DefaultText: "2m"},
+			},
+			Action: func(c *cli.Context) error {
+				if c.NArg() != 1 {
+					return fmt.Errorf("usage: fleetctl inbox streams N (1 to %d)", broker.MaxInboxStreams)
+				}
+				n, err := strconv.Atoi(c.Args().First())
+				if err != nil || n < 1 || n > broker.MaxInboxStreams {
+					return fmt.Errorf("inbox streams %q: want a number from 1 to %d", c.Args().First(), broker.MaxInboxStreams)
+				}
+				cl, ctx, done, err := dialFor(c, true)
+				if err != nil {
+					return err
+				}
+				defer done()
+				log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+				rep, err := cl.fl.MigrateInbox(ctx, n, admin.MigrateOptions{Batch: c.Int("batch"), DrainTimeout: c.Duration("drain-timeout"), Log: log})
+				if err != nil {
+					return err
+				}
+				if c.Bool("json") {
+					return printJSON(c.App.Writer, rep)
+				}
+				fmt.Fprintf(c.App.Writer, "inbox streams: %d -> %d, %d partitions moved in %s (longest drain %s)\n", rep.From, rep.To, rep.Moved, rep.Took.Round(1e6), rep.Drain.Round(1e6))
+				return nil
+			},
+		}},
+	}
+}
