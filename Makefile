@@ -83,13 +83,15 @@ compose-down:
 	$(COMPOSE) down -v --remove-orphans
 
 # The cluster tests (test/compose): each run brings up its own stack under
-# a unique project name and removes it afterwards. COMPOSE_MESSAGES sets
-# the chaos run's size (default 2000; docs/benchmarks.md uses 12000),
+# a unique project name and removes it afterwards (the image is built here
+# once, so the tests do not build it again: COMPOSE_SKIP_IMAGE=1).
+# COMPOSE_LOG_DIR=dir keeps every service's whole log under dir/<project>.
+# COMPOSE_MESSAGES sets the chaos run's size (default 2000; docs/benchmarks.md uses 10000),
 # COMPOSE_LANES and COMPOSE_RATE (messages a second, default 10) its shape.
 compose-test: image
-	AGENTFLEET_IMAGE=$(IMAGE) $(GO) test -tags compose -count=1 -timeout 60m -v ./test/compose/
+	COMPOSE_SKIP_IMAGE=1 AGENTFLEET_IMAGE=$(IMAGE) $(GO) test -tags compose -count=1 -timeout 60m -v ./test/compose/
 
 # The cluster smoke test alone (what CI runs): stack up, a reply through
 # each ingress, fleetctl lists the workers.
 compose-smoke: image
-	AGENTFLEET_IMAGE=$(IMAGE) $(GO) test -tags compose -count=1 -timeout 20m -v -run 'TestCluster/smoke$$' ./test/compose/
+	COMPOSE_SKIP_IMAGE=1 AGENTFLEET_IMAGE=$(IMAGE) $(GO) test -tags compose -count=1 -timeout 20m -v -run 'TestCluster/smoke$$' ./test/compose/

@@ -14,8 +14,9 @@ import (
 // in interrupt mode a plain message that directly follows the turn's range
 // interrupts a turn of plain messages (it joins the next turn). A /queue item
 // or command in between means the next step is not a turn that message could
-// join, so nothing is interrupted; /queue turns are never interrupted. With
-// mode "" it only looks for a /stop.
+// join, so nothing is interrupted; /queue turns are never interrupted. A
+// second inbox copy of a platform message already incorporated (see
+// duplicateCopy), a message or a /stop, interrupts nothing. With mode "" it only looks for a /stop.
 func (l *lane) checkBusy(ctx context.Context, cancel context.CancelCauseFunc, intent *session.TurnIntent, mode string, stopCause *error) {
 	if *stopCause != nil {
 		return
@@ -40,10 +41,17 @@ func (l *lane) checkBusy(ctx context.Context, cancel context.CancelCauseFunc, in
 			return
 		}
 		switch {
+		case m.kind == session.KindCommand && m.body.Command == session.CmdStop && l.duplicateCopy(ctx, m):
+			// A copy of a /stop already run (it stopped what it was sent
+			// for): its own step skips it; it stops nothing here.
 		case m.kind == session.KindCommand && m.body.Command == session.CmdStop:
 			*stopCause = errStopped
 			cancel(errStopped)
 			return
+		case m.kind == session.KindMessage && joinable && l.duplicateCopy(ctx, m):
+			// A second inbox copy of a message already incorporated (its
+			// own turn skips it): no news, and interrupting for it would
+			// leave this turn's messages without an answer.
 		case m.kind == session.KindMessage && joinable:
 			*stopCause = agent.ErrTurnInterrupted
 			cancel(agent.ErrTurnInterrupted)

@@ -81,3 +81,21 @@ func (l *lane) duplicate(m inboxMsg) (bool, error) {
 	w.event("duplicate", l.lane, map[string]any{"seq": m.seq, "first_seq": owner, "platform_msg_id": id})
 	return true, nil
 }
+
+// duplicateCopy reports whether m is a second inbox copy of a platform
+// message that msgids records under another inbox seq: its turn will skip
+// it (see duplicate), so a busy check must not take it for news. Copies
+// are rare (a retried publish stored twice across a NATS failover, or a
+// retry after the stream's de-duplication window), but one that arrives
+// while the turn of its original runs would otherwise interrupt that turn
+// in busy mode interrupt and then be skipped: the message would be
+// incorporated and never answered. A failed lookup counts as no copy (the
+// message interrupts, as any new one does).
+func (l *lane) duplicateCopy(ctx context.Context, m *inboxMsg) bool {
+	id := m.body.PlatformMsgID
+	if id == "" {
+		return false
+	}
+	owner, found, err := l.w.msgids.Lookup(context.WithoutCancel(ctx), id)
+	return err == nil && found && owner != m.seq
+}

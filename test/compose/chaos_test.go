@@ -4,6 +4,7 @@ package compose
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/worker"
 )
 
 // msg is one message of the chaos run.
@@ -225,25 +227,89 @@ func chaos(t *testing.T, s *stack) {
 	// Earlier messages may have none: a message that arrives while a turn
 	// runs interrupts it (busy mode interrupt), and the interrupted turn
 	// ends without a reply.
-	waitFor(t, 2*time.Minute, "the reply to every lane's last message through the ingresses", func() error {
+	unanswered := func() []*lane {
+		var out []*lane
 		for _, l := range lanes {
 			l.mu.Lock()
-			var missing *msg
 			if n := len(l.msgs); n > 0 && l.msgs[n-1].replied.IsZero() {
-				missing = l.msgs[n-1]
+				out = append(out, l)
 			}
 			l.mu.Unlock()
-			if missing != nil {
-				return fmt.Errorf("%s m%d: no reply seen", l.chat, missing.idx)
-			}
+		}
+		return out
+	}
+	if err := poll(2*time.Minute, func() error {
+		if u := unanswered(); len(u) > 0 {
+			return fmt.Errorf("%s m%d: no reply seen (and %d more lanes)", u[0].chat, u[0].msgs[len(u[0].msgs)-1].idx, len(u)-1)
 		}
 		return nil
-	})
+	}); err != nil {
+		// Say what became of each unanswered message, then run the
+		// invariant checks all the same: they tell a lost message from a
+		// dead-lettered one.
+		t.Errorf("timed out after 2m0s waiting for the reply to every lane's last message through the ingresses: %v", err)
+		for _, l := range unanswered() {
+			diagnoseUnanswered(t, s, l)
+		}
+	}
 	stopReaders()
 	readers.Wait()
 
 	st := checkInvariants(t, s, lanes)
 	report(t, s, lanes, faults, st)
+}
+
+// diagnoseUnanswered logs what became of a lane's last message that got no
+// reply: the lane's entry, every inbox copy of the message, and the turn
+// events and turn_end statuses of the turns whose range covers a copy.
+func diagnoseUnanswered(t *testing.T, s *stack, l *lane) {
+	t.Helper()
+	m := l.msgs[len(l.msgs)-1]
+	lt := session.LaneToken(l.key)
+	if e, err := s.entry(l.key); err != nil {
+		t.Logf("%s m%d unanswered: entry: %v", l.chat, m.idx, err)
+	} else {
+		t.Logf("%s m%d unanswered (accepted as seq %d): entry owner %q epoch %d committed %d turn %v session %s suspended %v interrupted_turns %d",
+			l.chat, m.idx, m.seq, e.Owner, e.LeaseEpoch, e.CommittedSeq, e.Turn != nil, e.SessionID, e.Suspended, e.InterruptedTurns)
+	}
+	inbox, err := s.readStream(s.res.Inbox, s.names.InboxSubject(session.Partition(s.names.Prefix(), lt), lt))
+	if err != nil {
+		t.Logf("%s: read the lane's inbox: %v", l.chat, err)
+	}
+	var copies []uint64
+	for _, x := range inbox {
+		var in session.Inbound
+		if json.Unmarshal(x.Data, &in) == nil && in.PlatformMsgID == m.id {
+			copies = append(copies, x.Sequence)
+			t.Logf("%s m%d: inbox copy at seq %d stored %s", l.chat, m.idx, x.Sequence, x.Time.Format(time.StampMilli))
+		}
+	}
+	evs, err := s.readStream(s.res.Events, s.names.EventSubject("turn", lt))
+	if err != nil {
+		t.Logf("%s: read the lane's turn events: %v", l.chat, err)
+	}
+	for _, x := range evs {
+		var ev worker.TurnEvent
+		if json.Unmarshal(x.Data, &ev) != nil {
+			continue
+		}
+		for _, c := range copies {
+			if ev.FirstSeq <= c && c <= ev.LastSeq {
+				t.Logf("%s m%d: turn %s %s seqs %d..%d attempt %d owner %s epoch %d status %q at %s",
+					l.chat, m.idx, ev.TurnID, ev.Type, ev.FirstSeq, ev.LastSeq, ev.Attempt, ev.Owner, ev.Epoch, ev.Status, ev.At.Format(time.StampMilli))
+				break
+			}
+		}
+	}
+	for _, typ := range []string{"duplicate", "deadletter", "resume"} {
+		xs, err := s.readStream(s.res.Events, s.names.EventSubject(typ, lt))
+		if err != nil {
+			continue
+		}
+		for _, x := range xs {
+			t.Logf("%s: %s event at %s: %s", l.chat, typ, x.Time.Format(time.StampMilli), x.Data)
+		}
+	}
 }
 
 // faultRound injects each fault once, with pauses between them.

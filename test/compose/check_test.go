@@ -72,8 +72,23 @@ func (s *stack) inboxSettled() error {
 	return nil
 }
 
-// readStream reads every stored message of a stream matching filter.
+// readStream reads every stored message of a stream matching filter. A
+// read that fails is tried again from the start for up to two minutes: just
+// after the last fault the cluster can still answer a JetStream request
+// with "no responders" (a full run once ended there, its checks not run).
 func (s *stack) readStream(st jetstream.Stream, filter string) ([]*jetstream.RawStreamMsg, error) {
+	var out []*jetstream.RawStreamMsg
+	err := poll(2*time.Minute, func() (err error) {
+		out, err = s.readStreamOnce(st, filter)
+		if err != nil {
+			s.t.Logf("read %s: %v (retrying)", filter, err)
+		}
+		return err
+	})
+	return out, err
+}
+
+func (s *stack) readStreamOnce(st jetstream.Stream, filter string) ([]*jetstream.RawStreamMsg, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})

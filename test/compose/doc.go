@@ -12,5 +12,8 @@
 // ends. COMPOSE_MESSAGES sets how many messages the chaos run posts (at
 // least; default 2000), COMPOSE_LANES over how many lanes (default 40),
 // COMPOSE_RATE how many a second (default 10); the fault schedule repeats
-// until they are posted.
+// until they are posted. COMPOSE_LOG_DIR=dir keeps every service's whole log
+// (with timestamps) in dir/<project>/<service>.log when the stack is
+// removed; COMPOSE_SKIP_IMAGE=1 skips the image build (make compose-test has
+// built it already).
 package compose

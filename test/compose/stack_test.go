@@ -155,12 +155,39 @@ func (s *stack) down() {
 			s.t.Logf("compose logs (last 80 lines per service):\n%s", out)
 		}
 	}
+	s.keepLogs()
 	if s.nc != nil {
 		s.nc.Close()
 	}
 	if out, err := s.compose("down", "-v", "--remove-orphans", "-t", "5"); err != nil {
 		s.t.Errorf("compose down: %v\n%s", err, out)
 	}
+}
+
+// keepLogs writes every service's whole log, with timestamps, to
+// $COMPOSE_LOG_DIR/<project>/<service>.log when COMPOSE_LOG_DIR is set: the
+// last 80 lines logged on failure rarely reach back to a fault.
+func (s *stack) keepLogs() {
+	dir := os.Getenv("COMPOSE_LOG_DIR")
+	if dir == "" {
+		return
+	}
+	dir = filepath.Join(dir, s.project)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		s.t.Logf("keep logs: %v", err)
+		return
+	}
+	for _, svc := range slices.Concat(natsServices, ingressServices, workerServices, []string{"indexer"}) {
+		out, err := s.compose("logs", "--no-color", "--timestamps", svc)
+		if err != nil {
+			s.t.Logf("keep logs of %s: %v", svc, err)
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dir, svc+".log"), []byte(out), 0o644); err != nil {
+			s.t.Logf("keep logs: %v", err)
+		}
+	}
+	s.t.Logf("services' logs kept in %s", dir)
 }
 
 // compose runs deploy/compose/compose (the installed Compose) in the
