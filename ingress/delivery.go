@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -347,6 +348,21 @@ func (d *Delivery) runLane(ctx context.Context, key string, q *laneQueue) {
 			_ = m.InProgress()
 		}
 	}
+	// yield puts msg (at stream seq seq, waiting for an earlier reply of
+	// its lane) back into the queue when the queue holds an earlier one:
+	// that one is delivered first. Without it, the two waited for each
+	// other for ever (keep kept the queued one alive).
+	yield := func(seq uint64, msg jetstream.Msg) bool {
+		d.qmu.Lock()
+		defer d.qmu.Unlock()
+		for _, m := range q.msgs {
+			if s := streamSeq(m); s != 0 && s < seq {
+				q.msgs = append(q.msgs, msg)
+				return true
+			}
+		}
+		return false
+	}
 	for {
 		d.qmu.Lock()
 		if len(q.msgs) == 0 {
@@ -354,15 +370,39 @@ func (d *Delivery) runLane(ctx context.Context, key string, q *laneQueue) {
 			d.qmu.Unlock()
 			return
 		}
-		msg := q.msgs[0]
-		q.msgs = q.msgs[1:]
+		// The earliest first: a redelivery (its first delivery timed out
+		// elsewhere, e.g. in a partition) can queue behind a later reply
+		// of the lane, which waits for it (errEarlierPending).
+		i := earliest(q.msgs)
+		msg := q.msgs[i]
+		q.msgs = slices.Delete(q.msgs, i, i+1)
 		d.qmu.Unlock()
 		if ctx.Err() != nil {
 			_ = msg.Nak()
 			continue
 		}
-		d.handle(ctx, msg, keep)
+		d.handle(ctx, msg, keep, yield)
 	}
+}
+
+// earliest is the index of the message with the lowest stream sequence.
+func earliest(msgs []jetstream.Msg) int {
+	best, bestSeq := 0, uint64(0)
+	for i, m := range msgs {
+		s := streamSeq(m)
+		if i == 0 || s != 0 && (bestSeq == 0 || s < bestSeq) {
+			best, bestSeq = i, s
+		}
+	}
+	return best
+}
+
+func streamSeq(m jetstream.Msg) uint64 {
+	md, err := m.Metadata()
+	if err != nil {
+		return 0
+	}
+	return md.Sequence.Stream
 }
 
 // boxItem is what a mailbox gets for one outbox message.
@@ -379,7 +419,7 @@ type boxItem struct {
 
 // handle delivers one outbox message, retrying until its mailbox holds it,
 // and acks it. keep keeps the lane's queued replies alive while it retries.
-func (d *Delivery) handle(ctx context.Context, msg jetstream.Msg, keep func()) {
+func (d *Delivery) handle(ctx context.Context, msg jetstream.Msg, keep func(), yield func(uint64, jetstream.Msg) bool) {
 	ctx, end := d.traceDelivery(ctx, msg)
 	defer end()
 	var seq uint64
@@ -396,7 +436,7 @@ func (d *Delivery) handle(ctx context.Context, msg jetstream.Msg, keep func()) {
 		item := boxItem{msgID: fmt.Sprintf("box:%s:skip:%d", d.platform, seq), header: nats.Header{}}
 		item.header.Set(broker.HdrKind, broker.KindSkip)
 		item.header.Set(broker.HdrReason, err.Error())
-		if d.deliverRetrying(ctx, msg, seq, lane, item, keep, d.log.With(slog.String("lane", lane))) {
+		if d.deliverRetrying(ctx, msg, seq, lane, item, keep, yield, d.log.With(slog.String("lane", lane))) {
 			d.undeliverable(ctx, msg, lane, "", err)
 		}
 		return
@@ -410,7 +450,7 @@ func (d *Delivery) handle(ctx context.Context, msg jetstream.Msg, keep func()) {
 		d.undeliverableNotice(ctx, msg, seq, lane, rep, fmt.Errorf("the mailbox copy is %d bytes, the server takes %d: %w", size, d.maxPayload(), nats.ErrMaxPayload), keep, log)
 		return
 	}
-	if !d.deliverRetrying(ctx, msg, seq, lane, item, keep, log) {
+	if !d.deliverRetrying(ctx, msg, seq, lane, item, keep, yield, log) {
 		return
 	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opTimeout)
@@ -423,9 +463,10 @@ func (d *Delivery) handle(ctx context.Context, msg jetstream.Msg, keep func()) {
 
 // deliverRetrying puts item into the lane's mailbox, retrying with backoff
 // until it is there. It reports false when it gave up: ctx ended (msg was
-// NAKed) or the error is permanent (then the reply is replaced by a notice
-// and settled).
-func (d *Delivery) deliverRetrying(ctx context.Context, msg jetstream.Msg, seq uint64, lane string, item boxItem, keep func(), log *slog.Logger) bool {
+// NAKed), the error is permanent (then the reply is replaced by a notice
+// and settled), or msg waits for an earlier reply that is queued behind it
+// (yield put msg back into the lane's queue; nil yield: never).
+func (d *Delivery) deliverRetrying(ctx context.Context, msg jetstream.Msg, seq uint64, lane string, item boxItem, keep func(), yield func(uint64, jetstream.Msg) bool, log *slog.Logger) bool {
 	backoff := d.backoffMin
 	for attempt := 1; ; attempt++ {
 		actx, span := ctx, trace.Span(nil)
@@ -453,6 +494,10 @@ func (d *Delivery) deliverRetrying(ctx context.Context, msg jetstream.Msg, seq u
 			_ = json.Unmarshal(item.data, &rep)
 			rep.SessionKey = item.header.Get(broker.HdrSessionKey)
 			d.undeliverableNotice(ctx, msg, seq, lane, &rep, err, keep, log)
+			return false
+		}
+		if errors.Is(err, errEarlierPending) && yield != nil && yield(seq, msg) {
+			_ = msg.InProgress()
 			return false
 		}
 		level, what := slog.LevelWarn, "reply delivery failed; retrying"
@@ -518,7 +563,7 @@ func (d *Delivery) undeliverableNotice(ctx context.Context, msg jetstream.Msg, s
 	}
 	item := d.replyItem(&notice, data)
 	item.notice = true
-	if !d.deliverRetrying(ctx, msg, seq, lane, item, keep, log) {
+	if !d.deliverRetrying(ctx, msg, seq, lane, item, keep, nil, log) {
 		return
 	}
 	d.undeliverable(ctx, msg, lane, rep.ID, cause)
