@@ -498,8 +498,8 @@ func postMessage(ctx context.Context, client *http.Client, url string, body []by
 }
 
 // publishSender returns a sender that does what the HTTP adapter does for a
-// message with a message id, without HTTP: look the platform message id up,
-// publish the inbound message with it as Msg-Id, record it.
+// message with a message id, without HTTP: look the platform message id up and
+// publish the inbound message with it as Msg-Id (the worker records it).
 func publishSender(o Options, ids []laneID, js jetstream.JetStream, res *broker.Resources, names broker.Names) sendFunc {
 	msgids := kv.NewMsgIDs(res)
 	return func(ctx context.Context, i, n int) (sent, error) {
@@ -528,9 +528,6 @@ func publishSender(o Options, ids []laneID, js jetstream.JetStream, res *broker.
 		m.Header.Set(broker.HdrPlatformMsgID, pmid)
 		ack, err := js.PublishMsg(octx, m, jetstream.WithMsgID(pmid), jetstream.WithExpectStream(names.InboxStream()))
 		if err != nil {
-			return sent{}, err
-		}
-		if _, err := msgids.Record(octx, pmid, ack.Sequence); err != nil {
 			return sent{}, err
 		}
 		return sent{start: start, accepted: time.Now(), token: []byte(token(i, n)), seq: ack.Sequence}, nil

@@ -23,7 +23,7 @@ const (
 	// adapter, served on a loopback listener.
 	IngressHTTP = "http"
 	// IngressPublish publishes into the inbox the way the HTTP adapter does
-	// (msgids lookup, publish with Msg-Id, msgids record), without HTTP.
+	// (msgids lookup, publish with Msg-Id), without HTTP.
 	IngressPublish = "publish"
 )
 

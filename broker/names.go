@@ -208,6 +208,13 @@ func (n Names) DeltaWildcard() string { return n.prefix + ".delta.>" }
 // EvictSubject is the core subject on which workers broadcast agent-cache evictions.
 func (n Names) EvictSubject() string { return n.prefix + ".ctl.evict" }
 
+// ForwardSubject is the core subject on which the worker whose owner id
+// hashes to token receives the deliveries other workers forward to it.
+func (n Names) ForwardSubject(token string) string { return n.prefix + ".ctl.fwd." + token }
+
+// ForwardWildcard matches every worker's forward subject.
+func (n Names) ForwardWildcard() string { return n.prefix + ".ctl.fwd.>" }
+
 // APISubject is the subject of a fleet.api endpoint.
 func (n Names) APISubject(endpoint string) string { return n.prefix + ".api." + endpoint }
 

@@ -99,10 +99,11 @@ func Permissions(role string, n Names, inboxPrefix string) (*server.Permissions,
 		}
 	case RoleWorker:
 		// Transcripts, replies, events, dead letters, streamed deltas,
-		// cache evictions, and internal messages into lanes' inboxes.
+		// cache evictions, deliveries forwarded to a lane's holder, and
+		// internal messages into lanes' inboxes.
 		p.pub(n.TranscriptWildcard(), n.OutboxWildcard(), n.EventWildcard(), n.DeadLetterWildcard(),
-			n.DeltaWildcard(), n.EvictSubject(), n.InboxWildcard())
-		p.sub(n.HintWildcard(), n.EvictSubject())
+			n.DeltaWildcard(), n.EvictSubject(), n.ForwardWildcard(), n.InboxWildcard())
+		p.sub(n.HintWildcard(), n.EvictSubject(), n.ForwardWildcard())
 		p.readStream(in, tx, out, ev)
 		p.durable(in, n.WorkersConsumer(), false)
 		p.ordered(tx)

@@ -442,29 +442,18 @@ func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptRespons
 	if ack.Duplicate {
 		resp.SessionKey = s.keyAt(rctx, ack.Sequence, key)
 	}
-	if pmid == "" {
+	if !corrupt {
+		// The id is recorded past the stream's window by the worker that
+		// incorporates the message (its claim: worker/msgids.go), not here:
+		// the answer does not wait for a second write.
 		return resp, nil
 	}
-	// Remember the id past the stream's window. On a stream duplicate this
-	// repairs a record an earlier attempt may have missed.
+	// An unreadable record would make the worker's claim fail: replace it.
 	ctx, cancel = s.opCtx(rctx)
-	owner := ack.Sequence
-	if corrupt {
-		_, err = s.res.MsgIDs.Put(ctx, s.msgIDs.Key(pmid), []byte(strconv.FormatUint(ack.Sequence, 10)))
-	} else {
-		owner, err = s.msgIDs.Record(ctx, pmid, ack.Sequence)
-	}
+	_, err = s.res.MsgIDs.Put(ctx, s.msgIDs.Key(pmid), []byte(strconv.FormatUint(ack.Sequence, 10)))
 	cancel()
 	if err != nil {
-		// The message is stored but a retry days later would not be seen as a
-		// duplicate: ask for the retry now, which the stream window catches.
-		return nil, unavailable("the message was stored but its id could not be recorded; retry", err)
-	}
-	if owner != ack.Sequence {
-		// The id was incorporated earlier under another seq (beyond the
-		// stream window); the worker treats this copy as a duplicate.
-		resp.Seq, resp.Duplicate = owner, true
-		resp.SessionKey = s.keyAt(rctx, owner, key)
+		return nil, unavailable("the message was stored but its unreadable id record could not be replaced; retry", err)
 	}
 	return resp, nil
 }

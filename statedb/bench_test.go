@@ -81,7 +81,9 @@ func (c *corpus) text() string {
 //
 // It also reports the indexed turn rate over the fleet's peak turn rate
 // (STATEDB_BENCH_FLEET_TURNS, by default 2661 turns/s: the best fleet rate
-// in docs/benchmarks.md), the headroom: above 1 the indexer keeps up.
+// in docs/benchmarks.md), the headroom: above 1 the indexer keeps up; and
+// the floor again into a file whose word index has no prefix indexes (the
+// storage design's definition): prefix/noprefix is what they cost.
 //
 //	go test -run '^$' -bench BenchmarkIndexer -benchtime 1x ./statedb
 func BenchmarkIndexer(b *testing.B) {
@@ -113,11 +115,7 @@ func BenchmarkIndexer(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	type row struct {
-		sid, role, content string
-		at                 time.Time
-	}
-	var rows []row
+	var rows []benchRow
 	pub := func(subj string, v any) {
 		data, _ := json.Marshal(v)
 		if _, err := js.PublishAsync(subj, data); err != nil {
@@ -129,7 +127,7 @@ func BenchmarkIndexer(b *testing.B) {
 		at := base.Add(time.Duration(i) * time.Millisecond)
 		turnID := transcript.NewID()
 		for _, role := range []string{"user", "assistant"} {
-			r := row{sids[s], role, c.text(), at}
+			r := benchRow{sids[s], role, c.text(), at}
 			rows = append(rows, r)
 			pub(names.TranscriptSubject(r.sid), transcript.Entry{ID: transcript.NewID(), Kind: transcript.KindMessage, TurnID: turnID,
 				Role: role, Content: r.content, Timestamp: at})
@@ -154,7 +152,7 @@ func BenchmarkIndexer(b *testing.B) {
 	n := len(rows)
 	ixBatch := envInt("STATEDB_BENCH_BATCH", 500)
 	dir := b.TempDir()
-	var idxRate, rawRate float64
+	var idxRate, rawRate, rawPlainRate float64
 	for i := 0; b.Loop(); i++ {
 		// The indexer, from an empty file to both streams' last message.
 		db, err := Open(ctx, filepath.Join(dir, fmt.Sprintf("ix%d.db", i)), nil)
@@ -190,50 +188,87 @@ func BenchmarkIndexer(b *testing.B) {
 		db.Close()
 		idxRate = float64(n) / el.Seconds()
 
-		// The floor: the same rows, plain INSERTs, the indexer's batch size.
-		raw, err := Open(ctx, filepath.Join(dir, fmt.Sprintf("raw%d.db", i)), nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		for _, sid := range sids {
-			if err := raw.CreateSession(ctx, NewSession{ID: sid, Source: "http", StartedAt: base}); err != nil {
-				b.Fatal(err)
-			}
-		}
-		start = time.Now()
-		// A batch of ixBatch stream messages holds ixBatch/2 message rows
-		// (two of a turn's four stream messages are messages).
-		batch := max(ixBatch/2, 1)
-		for off := 0; off < n; off += batch {
-			err := raw.write(ctx, func(tx *sql.Tx) error {
-				st, err := tx.PrepareContext(ctx, `INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, ?, ?, ?)`)
-				if err != nil {
-					return err
-				}
-				defer st.Close()
-				for _, r := range rows[off:min(off+batch, n)] {
-					if _, err := st.ExecContext(ctx, r.sid, r.role, r.content, unix(r.at)); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
-			if err != nil {
-				b.Fatal(err)
-			}
-		}
-		rawRate = float64(n) / time.Since(start).Seconds()
-		raw.Close()
+		// The floor: the same rows, plain INSERTs, the indexer's batch size;
+		// then the same into a file whose word index has no prefix indexes
+		// (the storage design's definition), for what they cost.
+		rawRate = rawInserts(ctx, b, filepath.Join(dir, fmt.Sprintf("raw%d.db", i)), sids, base, rows, ixBatch, false)
+		rawPlainRate = rawInserts(ctx, b, filepath.Join(dir, fmt.Sprintf("plain%d.db", i)), sids, base, rows, ixBatch, true)
 	}
 	b.ReportMetric(idxRate, "indexed_msgs/s")
 	b.ReportMetric(idxRate/2, "indexed_turns/s")
 	b.ReportMetric(rawRate, "raw_insert_msgs/s")
 	b.ReportMetric(idxRate/rawRate, "indexer/raw")
 	b.ReportMetric(idxRate/2/fleetPeak, "indexer/fleet_peak")
+	b.ReportMetric(rawPlainRate, "raw_noprefix_msgs/s")
+	b.ReportMetric(rawRate/rawPlainRate, "prefix/noprefix")
+}
+
+// benchRow is a message row of BenchmarkIndexer.
+type benchRow struct {
+	sid, role, content string
+	at                 time.Time
+}
+
+// rawInserts writes rows into a fresh file by plain INSERTs, as many rows
+// per transaction as an indexer batch of ixBatch stream messages holds, and
+// returns the rows per second. plain gives the file's word index the
+// storage design's definition (no prefix indexes).
+func rawInserts(ctx context.Context, b *testing.B, path string, sids []string, base time.Time, rows []benchRow, ixBatch int, plain bool) float64 {
+	b.Helper()
+	raw, err := Open(ctx, path, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer raw.Close()
+	if plain {
+		err := raw.write(ctx, func(tx *sql.Tx) error {
+			for _, s := range []string{`DROP TABLE messages_fts`, `CREATE VIRTUAL TABLE messages_fts USING fts5(content, tool_name, tool_calls)`} {
+				if _, err := tx.ExecContext(ctx, s); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, sid := range sids {
+		if err := raw.CreateSession(ctx, NewSession{ID: sid, Source: "http", StartedAt: base}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	n := len(rows)
+	start := time.Now()
+	// A batch of ixBatch stream messages holds ixBatch/2 message rows
+	// (two of a turn's four stream messages are messages).
+	batch := max(ixBatch/2, 1)
+	for off := 0; off < n; off += batch {
+		err := raw.write(ctx, func(tx *sql.Tx) error {
+			st, err := tx.PrepareContext(ctx, `INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, ?, ?, ?)`)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			for _, r := range rows[off:min(off+batch, n)] {
+				if _, err := st.ExecContext(ctx, r.sid, r.role, r.content, unix(r.at)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	return float64(n) / time.Since(start).Seconds()
 }
 
 // BenchmarkSearch measures SearchMessages latency (p50, p99, per query
-// kind and overall) over a generated database: 100k messages by default,
+// kind and overall) beside the floor measured in the same run: each query's
+// newest 20 matches read from FTS5 alone (the sanitized query on the word
+// index, the Chinese one on the trigram index; no ranking, snippets,
+// context or filters). Over a generated database: 100k messages by default,
 // STATEDB_BENCH_ROWS=1000000 for the 1M run. STATEDB_BENCH_DB=FILE keeps the
 // generated file for later runs.
 //
@@ -245,11 +280,17 @@ func BenchmarkSearch(b *testing.B) {
 	if path == "" {
 		path = filepath.Join(b.TempDir(), "search.db")
 	}
+	opened := time.Now()
 	db, err := Open(ctx, path, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer db.Close()
+	if d := time.Since(opened); d > time.Second {
+		// An existing file brought up to this build's schema (e.g. the word
+		// index's prefix indexes added to a file built without them).
+		b.Logf("opened %s in %v", path, d.Round(time.Millisecond))
+	}
 	c := newCorpus(2)
 	var have int
 	if err := db.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM messages`).Scan(&have); err != nil {
@@ -278,7 +319,7 @@ func BenchmarkSearch(b *testing.B) {
 		)
 	}
 	per := map[string][]time.Duration{}
-	var all []time.Duration
+	var all, floor []time.Duration
 	for b.Loop() {
 		for _, q := range queries {
 			start := time.Now()
@@ -288,6 +329,21 @@ func BenchmarkSearch(b *testing.B) {
 			d := time.Since(start)
 			per[q.kind] = append(per[q.kind], d)
 			all = append(all, d)
+			// The floor: FTS5 alone, the newest 20 matches of the same
+			// query (no ranking, snippets, context nor filters).
+			table, match := "messages_fts", SanitizeQuery(q.q)
+			if HasCJK(q.q) {
+				table, match = "messages_fts_trigram", `"`+q.q+`"`
+			}
+			start = time.Now()
+			rows, err := db.r.QueryContext(ctx, `SELECT rowid FROM `+table+` WHERE `+table+` MATCH ? ORDER BY rowid DESC LIMIT 20`, match)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for rows.Next() {
+			}
+			rows.Close()
+			floor = append(floor, time.Since(start))
 		}
 	}
 	p := func(ds []time.Duration, q float64) float64 {
@@ -301,6 +357,9 @@ func BenchmarkSearch(b *testing.B) {
 	}
 	b.ReportMetric(p(all, 0.5), "p50_ms")
 	b.ReportMetric(p(all, 0.99), "p99_ms")
+	b.ReportMetric(p(floor, 0.5), "floor_p50_ms")
+	b.ReportMetric(p(floor, 0.99), "floor_p99_ms")
+	b.ReportMetric(p(all, 0.99)/p(floor, 0.99), "p99/floor_p99")
 	b.ReportMetric(float64(rows), "messages")
 }
 

@@ -152,6 +152,21 @@ func TestSearchSnippetContextAndFilters(t *testing.T) {
 			t.Errorf("%+v: %d results (%v), want %d", c.o, len(res), err, c.want)
 		}
 	}
+	// Prefixes of a length the word index keeps a prefix index for (2 to
+	// 4 characters) and of other lengths: every result has its match
+	// marked.
+	for q, want := range map[string]string{"de*": ">>>deployment<<<", "dep*": ">>>deployment<<<", "deploy*": ">>>deployment<<<",
+		"docker deploym*": ">>>deployment<<<", "dock* deployment": ">>>docker<<<"} {
+		res, err := db.SearchMessages(ctx, q, statedb.SearchOptions{})
+		if err != nil || len(res) != 2 {
+			t.Fatalf("%s: %d results (%v), want 2", q, len(res), err)
+		}
+		for _, r := range res {
+			if !strings.Contains(r.Snippet, want) {
+				t.Errorf("%s: snippet %q lacks %s", q, r.Snippet, want)
+			}
+		}
+	}
 	// Phrase, OR, NOT, prefix; tool names are indexed.
 	for q, want := range map[string]int{`"docker deployment"`: 2, `docker NOT kubernetes`: 2, `kubernetes OR build`: 2, `deploy*`: 2, `terminal`: 1, `"deployment docker"`: 0} {
 		res, err := db.SearchMessages(ctx, q, statedb.SearchOptions{})
@@ -219,6 +234,17 @@ func TestSearchCJKAndSubstring(t *testing.T) {
 	// A fragment that is no word of the index is searched as a substring.
 	if res, err := db.SearchMessages(ctx, "quickl done", statedb.SearchOptions{}); err != nil || len(res) != 1 || res[0].Snippet == "" {
 		t.Fatalf("fragment and word: %+v %v", res, err)
+	}
+	// A quoted phrase counts word by word: a phrase of indexed words that
+	// nobody wrote as words finds nothing, even where its text is part of
+	// longer words ("aquick donex"); a phrase with a fragment in it is
+	// searched as a substring.
+	mustAppend(t, db, statedb.NewMessage{SessionID: "s", Role: "user", Content: "aquick donex"})
+	if res, err := db.SearchMessages(ctx, `"quick done"`, statedb.SearchOptions{}); err != nil || len(res) != 0 {
+		t.Fatalf("a phrase of indexed words: %+v %v", res, err)
+	}
+	if res, err := db.SearchMessages(ctx, `"uick brow"`, statedb.SearchOptions{}); err != nil || len(res) != 1 || !strings.Contains(res[0].Snippet, ">>>uick brow<<<") {
+		t.Fatalf("a phrase with fragments: %+v %v", res, err)
 	}
 }
 

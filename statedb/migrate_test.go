@@ -306,3 +306,77 @@ func runHelper(mode string) int {
 	}
 	return runIndexerHelper(mode)
 }
+
+// TestReconcileWordIndexPrefixes: a file at the current version whose word
+// index has no prefix indexes (the storage design's definition, or a file
+// written before they were added) gets them when it is opened: the table
+// is created again with them and every message indexed again; search finds
+// the same messages (prefix queries included), new messages are indexed,
+// FTS5's integrity check passes, and opening again changes nothing.
+func TestReconcileWordIndexPrefixes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "v11.db")
+	db, err := statedb.Open(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.CreateSession(ctx, statedb.NewSession{ID: "s", Source: "cli"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"deploy the kubernetes cluster", "deployment failed twice", "a tool said ok"} {
+		if _, err := db.AppendMessage(ctx, statedb.NewMessage{SessionID: "s", Role: "user", Content: c}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	raw, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, raw, `DROP TABLE messages_fts`)
+	mustExec(t, raw, `CREATE VIRTUAL TABLE messages_fts USING fts5(content, tool_name, tool_calls)`)
+	mustExec(t, raw, `INSERT INTO messages_fts(rowid, content, tool_name, tool_calls) SELECT id, content, tool_name, tool_calls FROM messages`)
+	raw.Close()
+
+	definition := func() string {
+		raw, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		var def string
+		if err := raw.QueryRow(`SELECT sql FROM sqlite_master WHERE name = 'messages_fts'`).Scan(&def); err != nil {
+			t.Fatal(err)
+		}
+		return def
+	}
+	if strings.Contains(definition(), "prefix=") {
+		t.Fatal("the old definition has prefixes: not a test")
+	}
+	for i := 0; i < 2; i++ {
+		db, err := statedb.Open(ctx, path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if def := definition(); !strings.Contains(def, "prefix='2 3 4'") {
+			t.Fatalf("open %d: messages_fts is %s", i, def)
+		}
+		if _, err := db.AppendMessage(ctx, statedb.NewMessage{SessionID: "s", Role: "user", Content: fmt.Sprintf("deploying again %d", i)}); err != nil {
+			t.Fatal(err)
+		}
+		for q, want := range map[string]int{"de*": 3 + i, "dep*": 3 + i, "depl*": 3 + i, "deplo*": 3 + i, "deployment": 1, "kube*": 1, "ok": 1} {
+			res, err := db.SearchMessages(ctx, q, statedb.SearchOptions{})
+			if err != nil || len(res) != want {
+				t.Errorf("open %d: %s: %d results (%v), want %d", i, q, len(res), err, want)
+			}
+		}
+		db.Close()
+		raw, err := sql.Open("sqlite", "file:"+path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, raw, `INSERT INTO messages_fts(messages_fts, rank) VALUES('integrity-check', 1)`)
+		raw.Close()
+	}
+}

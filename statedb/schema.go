@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // SchemaVersion is the version of the schema this package writes. The
@@ -107,11 +108,23 @@ func schemaTables() []string {
 
 const titleIndex = `CREATE UNIQUE INDEX IF NOT EXISTS idx_sessions_title_unique ON sessions(title) WHERE title IS NOT NULL`
 
+// wordPrefixes are the prefix lengths (in characters) the word index keeps
+// a prefix index for: a prefix query of one of these lengths (deploy*
+// has 6) reads one doclist, newest first, and stops at the candidate
+// limit; any other length makes FTS5 merge the doclists of every word
+// the prefix expands to before it returns a row. An agentfleet addition to
+// the storage design's messages_fts (which has none): readers see the same
+// table, and reconcileFTS adds it to a file that lacks it.
+const wordPrefixes = "2 3 4"
+
+// messagesFTS is the word index's definition.
+const messagesFTS = `CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(content, tool_name, tool_calls, prefix='` + wordPrefixes + `')`
+
 // ftsV11 is the full-text layer of version 11: two inline-mode FTS5 tables
 // (words, and trigrams for CJK and substring search) over content, tool
 // name and tool calls, kept in sync by triggers.
 var ftsV11 = []string{
-	`CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(content, tool_name, tool_calls)`,
+	messagesFTS,
 	`CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts_trigram USING fts5(content, tool_name, tool_calls, tokenize='trigram')`,
 	`CREATE TRIGGER IF NOT EXISTS messages_fts_insert AFTER INSERT ON messages BEGIN
     INSERT INTO messages_fts(rowid, content, tool_name, tool_calls) VALUES (new.id, new.content, new.tool_name, new.tool_calls);
@@ -155,8 +168,12 @@ func (db *DB) migrate(ctx context.Context) error {
 			return fmt.Errorf("%w: the file is at schema version %d, this build knows %d", ErrSchemaTooNew, have, SchemaVersion)
 		}
 		if have == SchemaVersion {
-			// Still reconcile: a column declared by this build may be missing.
-			return reconcileColumns(ctx, tx)
+			// Still reconcile: a column declared by this build may be
+			// missing, or the word index's prefix indexes.
+			if err := reconcileColumns(ctx, tx); err != nil {
+				return err
+			}
+			return db.reconcileFTS(ctx, tx)
 		}
 		fresh := have == 0
 		if fresh {
@@ -229,8 +246,37 @@ func (db *DB) migrate(ctx context.Context) error {
 				}
 			}
 		}
+		if err := db.reconcileFTS(ctx, tx); err != nil {
+			return err
+		}
 		return setVersion(ctx, tx, SchemaVersion)
 	})
+}
+
+// reconcileFTS gives messages_fts its prefix indexes (wordPrefixes) when
+// the file's definition lacks them (a file of version 11 written before
+// they were added, or by another program): FTS5 options are fixed at
+// creation, so the table is created again and every message indexed
+// again, in the migration's transaction. The triggers name the table and
+// stay as they are.
+func (db *DB) reconcileFTS(ctx context.Context, tx *sql.Tx) error {
+	var def string
+	err := tx.QueryRowContext(ctx, `SELECT sql FROM sqlite_master WHERE type='table' AND name='messages_fts'`).Scan(&def)
+	if err != nil && err != sql.ErrNoRows {
+		return err
+	}
+	if strings.Contains(def, "prefix='"+wordPrefixes+"'") {
+		return nil
+	}
+	start := time.Now()
+	for _, s := range []string{`DROP TABLE IF EXISTS messages_fts`, messagesFTS,
+		`INSERT INTO messages_fts(rowid, content, tool_name, tool_calls) SELECT id, content, tool_name, tool_calls FROM messages`} {
+		if _, err := tx.ExecContext(ctx, s); err != nil {
+			return fmt.Errorf("word index prefixes: %w", err)
+		}
+	}
+	db.log.Info("statedb: word index re-created with its prefix indexes", "prefixes", wordPrefixes, "took", time.Since(start).Round(time.Millisecond))
+	return nil
 }
 
 func setVersion(ctx context.Context, tx *sql.Tx, v int) error {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -179,7 +180,12 @@ const contextChars = 200
 // (phrases, OR, NOT, prefix*) and stray syntax is harmless. Queries with
 // CJK characters use the trigram index (terms shorter than three
 // characters fall back to a substring scan), and a query the word index
-// finds nothing for is tried again as substrings on the trigram index.
+// finds nothing for is tried again as substrings on the trigram index when
+// one of its words is not an indexed word (allWords).
+//
+// Results are the best matches among the newest candidateCap (1 000) live
+// matches that pass the filters, best first by bm25 (rank.go), the newer
+// first on a tie; Offset and Limit page through that order.
 // Soft-deleted messages are never returned.
 func (db *DB) SearchMessages(ctx context.Context, query string, o SearchOptions) ([]SearchResult, error) {
 	if o.Limit <= 0 {
@@ -207,32 +213,38 @@ func (db *DB) SearchMessages(ctx context.Context, query string, o SearchOptions)
 	if err != nil {
 		return nil, err
 	}
-	for i := range res {
-		if err := db.addContext(ctx, &res[i]); err != nil {
-			return nil, err
-		}
+	if err := db.addContexts(ctx, res); err != nil {
+		return nil, err
 	}
 	return res, nil
 }
 
-// allWords reports whether every term of query is a word (or phrase) the
-// word index holds. When it is, the word index's answer stands even when it
-// is empty (two words that never meet, a phrase nobody wrote): a substring
-// search could only add messages where a term is part of a longer word, and
-// on a large file it costs a scan of the trigram index. A term that is no
-// word of the index (a fragment such as "kube" of "kubernetes", a typo) is
-// what the substring search is for. Each check reads the first row of one
-// doclist.
+// allWords reports whether every word of query (the words of its quoted
+// phrases included) is a word the word index holds. When it is, the word
+// index's answer stands even when it is empty (two words that never meet,
+// a phrase nobody wrote): a substring search could only add messages where
+// a word is part of a longer one, and on a large file it costs a scan of
+// the trigram index (for a phrase of common words, of their long trigram
+// doclists). A word that is not in the index (a fragment such as "kube"
+// of "kubernetes", a typo) is what the substring search is for. Each check
+// reads the first row of one doclist.
 func (db *DB) allWords(ctx context.Context, query string) (bool, error) {
-	for _, t := range searchTerms(query) {
-		var one int
-		err := db.r.QueryRowContext(ctx, `SELECT 1 FROM messages_fts WHERE messages_fts MATCH ? LIMIT 1`,
-			`"`+strings.ReplaceAll(t, `"`, `""`)+`"`).Scan(&one)
-		if err == sql.ErrNoRows {
-			return false, nil
-		}
-		if err != nil {
-			return false, fmt.Errorf("search %q: %w", query, err)
+	seen := map[string]bool{}
+	for _, term := range searchTerms(query) {
+		for _, w := range appendTokens61(nil, term) {
+			if seen[w] {
+				continue
+			}
+			seen[w] = true
+			var one int
+			err := db.r.QueryRowContext(ctx, `SELECT 1 FROM messages_fts WHERE messages_fts MATCH ? LIMIT 1`,
+				`"`+strings.ReplaceAll(w, `"`, `""`)+`"`).Scan(&one)
+			if err == sql.ErrNoRows {
+				return false, nil
+			}
+			if err != nil {
+				return false, fmt.Errorf("search %q: %w", query, err)
+			}
 		}
 	}
 	return true, nil
@@ -265,30 +277,36 @@ func (o SearchOptions) filters() (string, []any) {
 }
 
 // candidateCap bounds the matches a search ranks: the newest candidateCap
-// live matches that pass the filters are ranked (bm25) and the best are
-// returned. A query matching fewer messages is ranked over all of them; one
-// matching more (a very common word) returns the best of the newest, and
-// costs the same as a rare one.
+// live matches (highest ids) that pass the filters are ranked (bm25,
+// rank.go) and the best are returned. A query matching fewer messages is
+// ranked over all of them; one matching more (a very common word) returns
+// the best of the newest, and costs the same as a rare one.
 const candidateCap = 1000
 
 func (db *DB) ftsSearch(ctx context.Context, table, match string, o SearchOptions) ([]SearchResult, error) {
-	return db.rankedSearch(ctx, table, match, "", nil, o, nil)
+	return db.rankedSearch(ctx, table, match, "", nil, o, nil, &unicode61{}, wordPhrases(match))
 }
 
 // rankedSearch runs match on an FTS table (plus extra conditions on m),
-// ranks the bounded candidates and fills each result's snippet.
+// ranks the bounded candidates (rank.go) and fills each result's snippet.
 //
-// It costs three statements whatever the number of matches: the candidate
-// scan (the FTS table is the outer loop, walked newest rowid first, so the
-// candidate LIMIT stops it early; bm25 is computed for the candidates
-// only), then, for the page of results alone, one statement for their
-// sessions and one for their snippets. FTS5 prepares a MATCH (for a prefix
-// query, the merge of every term it expands to) once per statement, so the
-// snippets are never asked for one row at a time.
-func (db *DB) rankedSearch(ctx context.Context, table, match, extra string, extraArgs []any, o SearchOptions, mark func(string) string) ([]SearchResult, error) {
+// It costs three statements whatever the number of matches (plus, for a
+// query of several phrases, one count per phrase for its IDF): the
+// candidate scan (the FTS table is the outer loop, walked newest rowid
+// first, so the candidate LIMIT stops it early; it reads the candidates'
+// text, which ranking needs), then, for the page of results alone, one
+// statement for their sessions and one for their snippets.
+func (db *DB) rankedSearch(ctx context.Context, table, match, extra string, extraArgs []any, o SearchOptions, mark func(string) string,
+	tk tokenizer, ps []qPhrase) ([]SearchResult, error) {
 	filters, args := o.filters()
-	q := `SELECT f.rowid, f.rank FROM ` + table + ` f
-			CROSS JOIN messages m ON m.id = f.rowid CROSS JOIN sessions s ON s.id = m.session_id
+	// The sessions are joined only to filter on their source: each
+	// candidate costs one more b-tree lookup.
+	join := ""
+	if len(o.Sources) > 0 || len(o.ExcludeSources) > 0 {
+		join = " CROSS JOIN sessions s ON s.id = m.session_id"
+	}
+	q := `SELECT f.rowid, m.content, m.tool_name, m.tool_calls FROM ` + table + ` f
+			CROSS JOIN messages m ON m.id = f.rowid` + join + `
 		WHERE ` + table + ` MATCH ? AND m.deleted_at IS NULL` + filters + extra + `
 		ORDER BY f.rowid DESC LIMIT ?`
 	all := append([]any{match}, args...)
@@ -297,14 +315,10 @@ func (db *DB) rankedSearch(ctx context.Context, table, match, extra string, extr
 	if err != nil {
 		return nil, fmt.Errorf("search %q: %w", match, err)
 	}
-	type cand struct {
-		id   int64
-		rank float64
-	}
-	var cands []cand
+	var cands []candidate
 	for rows.Next() {
-		var c cand
-		if err := rows.Scan(&c.id, &c.rank); err != nil {
+		var c candidate
+		if err := rows.Scan(&c.id, &c.texts[0], &c.texts[1], &c.texts[2]); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -314,8 +328,11 @@ func (db *DB) rankedSearch(ctx context.Context, table, match, extra string, extr
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("search %q: %w", match, err)
 	}
+	if err := db.rankCandidates(ctx, table, tk, ps, cands); err != nil {
+		return nil, err
+	}
 	// bm25 is lower for better matches; ties go to the newer message.
-	slices.SortFunc(cands, func(a, b cand) int {
+	slices.SortFunc(cands, func(a, b candidate) int {
 		if c := cmp.Compare(a.rank, b.rank); c != 0 {
 			return c
 		}
@@ -344,16 +361,29 @@ func (db *DB) rankedSearch(ctx context.Context, table, match, extra string, extr
 	for i := range found {
 		byID[found[i].ID] = &found[i]
 	}
-	// One MATCH over the rowid range of the page (FTS5 would run the
-	// MATCH again for each value of an IN list), the snippet computed for
-	// the page's rows only.
-	lo, hi := cands[0].id, cands[0].id
-	for _, c := range cands {
-		lo, hi = min(lo, c.id), max(hi, c.id)
+	// The page's snippets in one statement. FTS5 sets a MATCH up once per
+	// statement, or once per value of an IN list on rowid; each set-up
+	// seeks every phrase's doclist to the row. That is cheap, except for a
+	// prefix query of a length the word index keeps no prefix index for:
+	// its set-up merges the doclists of every word the prefix expands to.
+	// Such a query reads the page's rowid range under one MATCH instead,
+	// the snippet evaluated for the page's rows only.
+	var snipQ string
+	var snipArgs []any
+	if mergedPrefix(table, ps) {
+		lo, hi := cands[0].id, cands[0].id
+		for _, c := range cands {
+			lo, hi = min(lo, c.id), max(hi, c.id)
+		}
+		snipQ = `SELECT rowid, CASE WHEN rowid IN (` + in + `) THEN snippet(` + table + `, -1, '>>>', '<<<', '...', 40) END FROM ` + table +
+			` WHERE ` + table + ` MATCH ? AND rowid BETWEEN ? AND ?`
+		snipArgs = append(append(append([]any{}, ids...), match), lo, hi)
+	} else {
+		snipQ = `SELECT rowid, snippet(` + table + `, -1, '>>>', '<<<', '...', 40) FROM ` + table +
+			` WHERE ` + table + ` MATCH ? AND rowid IN (` + in + `)`
+		snipArgs = append([]any{match}, ids...)
 	}
-	snipArgs := append(append([]any{}, ids...), match, lo, hi)
-	rows, err = db.r.QueryContext(ctx, `SELECT rowid, CASE WHEN rowid IN (`+in+`) THEN snippet(`+table+`, -1, '>>>', '<<<', '...', 40) END FROM `+table+
-		` WHERE `+table+` MATCH ? AND rowid BETWEEN ? AND ?`, snipArgs...)
+	rows, err = db.r.QueryContext(ctx, snipQ, snipArgs...)
 	if err != nil {
 		return nil, fmt.Errorf("search %q: snippets: %w", match, err)
 	}
@@ -382,6 +412,26 @@ func (db *DB) rankedSearch(ctx context.Context, table, match, extra string, extr
 		}
 	}
 	return res, nil
+}
+
+// mergedPrefix reports whether FTS5 evaluates a phrase of ps by merging
+// doclists: a prefix on the word index of a length it keeps no prefix
+// index for (wordPrefixes).
+func mergedPrefix(table string, ps []qPhrase) bool {
+	if table != "messages_fts" {
+		return false
+	}
+	for _, p := range ps {
+		if !p.prefix {
+			continue
+		}
+		// The prefix is the phrase's last token, as the tokenizer folds it.
+		last := p.toks[len(p.toks)-1]
+		if !slices.Contains(strings.Fields(wordPrefixes), strconv.Itoa(utf8.RuneCountInString(last))) {
+			return true
+		}
+	}
+	return false
 }
 
 func scanResults(rows *sql.Rows, mark func(content string) string) ([]SearchResult, error) {
@@ -438,9 +488,10 @@ func (db *DB) substringSearch(ctx context.Context, query string, o SearchOptions
 	if len(terms) == 0 {
 		return []SearchResult{}, nil
 	}
-	var long, short []string
+	var long, longTerms, short []string
 	for _, t := range terms {
 		if utf8.RuneCountInString(t) >= 3 {
+			longTerms = append(longTerms, t)
 			long = append(long, `"`+strings.ReplaceAll(t, `"`, `""`)+`"`)
 		} else {
 			short = append(short, t)
@@ -456,7 +507,8 @@ func (db *DB) substringSearch(ctx context.Context, query string, o SearchOptions
 	}
 	mark := func(s string) string { return markTerms(s, short) }
 	if len(long) > 0 {
-		return db.rankedSearch(ctx, "messages_fts_trigram", strings.Join(long, " "), likes.String(), likeArgs, o, mark)
+		return db.rankedSearch(ctx, "messages_fts_trigram", strings.Join(long, " "), likes.String(), likeArgs, o, mark,
+			&trigram{}, trigramPhrases(longTerms))
 	}
 	q := `SELECT m.id, m.session_id, m.role, m.timestamp, COALESCE(m.content, m.tool_name, m.tool_calls, ''),
 		s.source, s.model, s.title, s.started_at
@@ -508,30 +560,74 @@ func snippetAround(s string, terms []string) string {
 	return markTerms(out, terms)
 }
 
-// addContext fills the message before and the one after a result.
-func (db *DB) addContext(ctx context.Context, r *SearchResult) error {
-	ts := unix(r.Timestamp)
-	r.Context = []ContextMessage{}
-	for _, q := range []string{
-		`SELECT id, role, COALESCE(content, ''), timestamp FROM messages WHERE session_id = ? AND deleted_at IS NULL
-			AND (timestamp < ? OR timestamp = ? AND id < ?) ORDER BY timestamp DESC, id DESC LIMIT 1`,
-		`SELECT id, role, COALESCE(content, ''), timestamp FROM messages WHERE session_id = ? AND deleted_at IS NULL
-			AND (timestamp > ? OR timestamp = ? AND id > ?) ORDER BY timestamp, id LIMIT 1`,
-	} {
+// addContexts fills each result's context, the message before and the one
+// after it in its session, in one statement for the page: per result and
+// side, one seek into the session's (session_id, timestamp) index.
+func (db *DB) addContexts(ctx context.Context, res []SearchResult) error {
+	if len(res) == 0 {
+		return nil
+	}
+	var vals strings.Builder
+	args := make([]any, 0, 3*len(res))
+	at := make(map[int64]int, len(res))
+	for i := range res {
+		if i > 0 {
+			vals.WriteString(",")
+		}
+		vals.WriteString("(?,?,?)")
+		args = append(args, res[i].ID, res[i].SessionID, unix(res[i].Timestamp))
+		at[res[i].ID] = i
+		res[i].Context = []ContextMessage{}
+	}
+	side := func(n int, cmpTS, cmpID, order string) string {
+		return `SELECT r.id, ` + strconv.Itoa(n) + `, c.id, c.role, COALESCE(c.content, ''), c.timestamp FROM r
+		JOIN messages c ON c.id = (SELECT id FROM messages WHERE session_id = r.sid AND deleted_at IS NULL
+			AND timestamp ` + cmpTS + `= r.ts AND (timestamp ` + cmpTS + ` r.ts OR id ` + cmpID + ` r.id)
+			ORDER BY timestamp ` + order + `, id ` + order + ` LIMIT 1)`
+	}
+	q := `WITH r(id, sid, ts) AS (VALUES ` + vals.String() + `) ` +
+		side(0, "<", "<", "DESC") + ` UNION ALL ` + side(1, ">", ">", "")
+	rows, err := db.r.QueryContext(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("search context: %w", err)
+	}
+	defer rows.Close()
+	type found struct {
+		c     ContextMessage
+		after bool
+	}
+	got := make([][]found, len(res))
+	for rows.Next() {
+		var id int64
+		var after int
 		var c ContextMessage
 		var t float64
-		err := db.r.QueryRowContext(ctx, q, r.SessionID, ts, ts, r.ID).Scan(&c.ID, &c.Role, &c.Content, &t)
-		if err == sql.ErrNoRows {
-			continue
-		}
-		if err != nil {
+		if err := rows.Scan(&id, &after, &c.ID, &c.Role, &c.Content, &t); err != nil {
 			return err
 		}
 		c.Timestamp = fromUnix(t)
 		if rr := []rune(c.Content); len(rr) > contextChars {
 			c.Content = string(rr[:contextChars])
 		}
-		r.Context = append(r.Context, c)
+		got[at[id]] = append(got[at[id]], found{c, after == 1})
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("search context: %w", err)
+	}
+	// The message before, then the one after.
+	for i, fs := range got {
+		slices.SortFunc(fs, func(a, b found) int {
+			if a.after == b.after {
+				return 0
+			}
+			if a.after {
+				return 1
+			}
+			return -1
+		})
+		for _, f := range fs {
+			res[i].Context = append(res[i].Context, f.c)
+		}
 	}
 	return nil
 }

@@ -19,8 +19,10 @@ type txState struct {
 	last      uint64
 	ids       map[string]bool
 	userSeqs  map[uint64]bool
-	// effective is transcript.Effective(entries), kept up to date by add.
+	// effective is transcript.Effective(entries), kept up to date by add;
+	// hist is historyOf(effective), the agent's history, kept with it.
 	effective []transcript.Entry
+	hist      []agent.Message
 }
 
 func newTxState(sid string, entries []transcript.Entry, last uint64) *txState {
@@ -52,12 +54,14 @@ func (t *txState) add(e transcript.Entry) {
 			}
 		}
 		t.effective = transcript.Effective(t.entries)
+		t.hist = historyOf(t.effective)
 		return
 	}
 	if e.Kind == transcript.KindMessage && !e.Deleted {
 		switch e.Role {
 		case transcript.RoleUser, transcript.RoleAssistant, transcript.RoleTool, transcript.RoleSystem:
 			t.effective = append(t.effective, e)
+			t.hist = append(t.hist, messageOf(e))
 		}
 	}
 }
@@ -66,6 +70,14 @@ func (t *txState) add(e transcript.Entry) {
 // clipped so that later appends never show through.
 func (t *txState) history() []transcript.Entry {
 	return t.effective[:len(t.effective):len(t.effective)]
+}
+
+// agentHistory is historyOf(history()), shared read-only the same way.
+func (t *txState) agentHistory() []agent.Message {
+	if t.hist == nil {
+		return []agent.Message{} // as historyOf gives: never nil
+	}
+	return t.hist[:len(t.hist):len(t.hist)]
 }
 
 // cacheEntry is what the agent cache keeps per (session key, session id).

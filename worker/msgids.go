@@ -4,51 +4,53 @@ import (
 	"context"
 )
 
-// msgidLookups are the msgids lookups of a step's messages, in flight.
-type msgidLookups map[uint64]*msgidLookup
+// msgidClaims are the msgids claims of a step's messages, in flight.
+type msgidClaims map[uint64]*msgidClaim
 
-type msgidLookup struct {
+type msgidClaim struct {
 	done  chan struct{}
 	owner uint64
-	found bool
 	err   error
 }
 
-// prefetchMsgIDs starts the msgids lookup of every message with a platform
-// message id; nil when there is none.
-func (l *lane) prefetchMsgIDs(msgs []inboxMsg) msgidLookups {
-	var out msgidLookups
+// prefetchMsgIDs starts the msgids claim of every message with a platform
+// message id; nil when there is none. A claim is idempotent (the same id and
+// seq give the same answer), so making it before the turn's intent is
+// recorded changes nothing a crash could see: it is the record the ingress
+// used to write when it accepted the message.
+func (l *lane) prefetchMsgIDs(msgs []inboxMsg) msgidClaims {
+	var out msgidClaims
 	for _, m := range msgs {
 		id := m.body.PlatformMsgID
 		if id == "" {
 			continue
 		}
 		if out == nil {
-			out = msgidLookups{}
+			out = msgidClaims{}
 		}
-		r := &msgidLookup{done: make(chan struct{})}
+		r := &msgidClaim{done: make(chan struct{})}
 		out[m.seq] = r
 		ctx := context.WithoutCancel(l.ctx)
 		go func() {
 			defer close(r.done)
-			r.owner, r.found, r.err = l.w.msgids.Lookup(ctx, id)
+			r.owner, r.err = l.w.msgids.Record(ctx, id, m.seq)
 		}()
 	}
 	return out
 }
 
-// lookupMsgID returns the inbox seq recorded for m's platform message id,
-// from the prefetched lookups when there is one.
-func (l *lane) lookupMsgID(m inboxMsg) (uint64, bool, error) {
+// claimMsgID claims m's platform message id for m's seq and returns the seq
+// that owns it, from the prefetched claims when there is one.
+func (l *lane) claimMsgID(m inboxMsg) (uint64, error) {
 	if r := l.msgids[m.seq]; r != nil {
 		<-r.done
-		return r.owner, r.found, r.err
+		return r.owner, r.err
 	}
-	return l.w.msgids.Lookup(context.WithoutCancel(l.ctx), m.body.PlatformMsgID)
+	return l.w.msgids.Record(context.WithoutCancel(l.ctx), m.body.PlatformMsgID, m.seq)
 }
 
-// wait waits for every lookup to end.
-func (p msgidLookups) wait() {
+// wait waits for every claim to end.
+func (p msgidClaims) wait() {
 	for _, r := range p {
 		<-r.done
 	}
@@ -56,20 +58,20 @@ func (p msgidLookups) wait() {
 
 // duplicate reports whether m repeats a platform message already
 // incorporated under another inbox seq (a platform retry that reached the
-// inbox again: after the stream's de-duplication window, with its msgids
-// record missed by a crashed ingress). It claims the id for m otherwise.
-// The ingress normally recorded the id already: it reads first, and writes
-// only when the record is missing.
+// inbox again after the stream's de-duplication window). It claims the id for
+// m otherwise: the worker, not the ingress, writes the msgids record, in one
+// round trip (a create, and a read only when the id is taken). The ingress
+// reads the record before it publishes, so a retry that comes after the
+// message was incorporated is answered there without a second inbox message;
+// one that comes earlier (beyond the stream's window, the lane still behind)
+// is stored and found here.
 func (l *lane) duplicate(m inboxMsg) (bool, error) {
 	id := m.body.PlatformMsgID
 	if id == "" {
 		return false, nil
 	}
 	w := l.w
-	owner, found, err := l.lookupMsgID(m)
-	if err == nil && !found {
-		owner, err = w.msgids.Record(context.WithoutCancel(l.ctx), id, m.seq)
-	}
+	owner, err := l.claimMsgID(m)
 	if err != nil {
 		l.log.Warn("record message id", "error", err)
 		return false, err

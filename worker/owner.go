@@ -148,6 +148,9 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 	o.live.Store(lease.Live)
 	o.renewedAt.Store(int64(lease.Renewed.Sub(monoBase)))
 	o.ctx, o.cancel = context.WithCancelCause(w.hardCtx)
+	// Whatever this worker remembered of another holder is stale now: its
+	// deliveries of the lane must not be forwarded away (see forward.go).
+	w.heldElsewhere.Delete(o.lane)
 	w.stats.Takeovers.Add(1)
 	w.cfg.Metrics.LeaseAcquired(context.Background())
 

@@ -24,8 +24,8 @@ type lane struct {
 
 	// turnStarted is when the running turn started (its duration metric).
 	turnStarted time.Time
-	// msgids are the platform message id lookups of the step being run.
-	msgids msgidLookups
+	// msgids are the platform message id claims of the step being run.
+	msgids msgidClaims
 	// holdsGate is set while the lane runs a last-attempt turn that took
 	// its place in the worker's turn gate before it was recorded (see
 	// turnGate).
@@ -114,7 +114,7 @@ func (l *lane) run() {
 			// Wake-up step 2: another worker owns the lane.
 			l.log.Debug("lane held elsewhere", "holder", held.Owner, "rev", held.Rev)
 			l.w.stats.HeldElsewhere.Add(1)
-			l.w.heldElsewhere.Store(l.lane, time.Now().Add(500*time.Millisecond))
+			l.w.heldElsewhere.Store(l.lane, heldInfo{until: time.Now().Add(heldElsewhereFor), owner: held.Owner})
 			delay := time.Duration(-1)
 			if l.entry != nil && l.entry.Turn != nil {
 				// A turn in flight under someone else's lease: if that
@@ -122,7 +122,11 @@ func (l *lane) run() {
 				// runs out. Come back just after that, not a whole TTL on.
 				delay = heldRetryDelay(held.Expires, l.w.cfg.LeaseTTL)
 			}
-			l.nakHeld(delay)
+			// The holder was alive a moment ago (AcquireBound takes over
+			// the lease of an owner whose liveness lease is gone) and
+			// reads the lane itself: the deliveries go to it (forward.go),
+			// or, when that cannot be done, back to the consumer.
+			l.forwardHeld(held.Owner, delay)
 			return
 		}
 		if err != nil {
@@ -266,3 +270,8 @@ func heldRetryDelay(expires time.Time, ttl time.Duration) time.Duration {
 	d := time.Until(expires) + slack
 	return min(max(d, slack), ttl)
 }
+
+// heldElsewhereFor is how long a worker trusts that another worker holds a
+// lane after the lease said so: its deliveries meanwhile are forwarded to
+// that worker without a look at the lease (see forward.go).
+const heldElsewhereFor = 2 * time.Second

@@ -137,9 +137,9 @@ func (l *lane) runStep(st *step) error {
 	case session.KindInternal:
 		return l.runInternal(st.msgs[0])
 	default:
-		// The platform message ids are looked up while the intent is
-		// recorded: both are reads or writes of their own buckets, and the
-		// turn needs both before its first append.
+		// The platform message ids are claimed while the intent is
+		// recorded: both are writes of their own buckets, and the turn
+		// needs both before its first append.
 		if l.startTurnTrace(st.msgs, "") {
 			defer l.endTurnTrace()
 		}

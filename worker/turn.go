@@ -245,7 +245,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		Notes:         notes,
 		FreshReset:    l.entry.IsFreshReset,
 		Attempt:       intent.Attempt,
-		History:       historyOf(retryHistory(st.history(), intent)),
+		History:       turnHistory(st, intent),
 		Messages:      users,
 		Quote:         turnQuote(users),
 	}

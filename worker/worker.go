@@ -56,7 +56,8 @@ type Worker struct {
 	stats         Stats
 	started       time.Time
 	watcherLeader atomic.Bool
-	heldElsewhere sync.Map // lane -> time.Time until which another worker is known to hold it
+	heldElsewhere sync.Map // lane -> heldInfo: another worker is known to hold it (forward.go)
+	fwd           forwards
 }
 
 // pullExpiry is how long a pull request of the worker waits on the server.
@@ -76,6 +77,14 @@ type Stats struct {
 	// held the lane's lease (as the server judged it, or as this worker saw
 	// it a moment before).
 	HeldElsewhere atomic.Int64
+	// Forwarded counts the deliveries this worker forwarded to the worker
+	// holding their lane; ForwardsReceived those other workers forwarded
+	// to it (see forward.go).
+	// ForwardsBounced counts forwards the server answered with "no
+	// responders" (their target was gone): handed back at once.
+	Forwarded        atomic.Int64
+	ForwardsReceived atomic.Int64
+	ForwardsBounced  atomic.Int64
 	// Sweeps counts the expiry sweeps this worker ran as the watcher's
 	// leader.
 	Sweeps atomic.Int64
@@ -170,6 +179,12 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("worker: subscribe evictions: %w", err)
 	}
 	defer evictSub.Unsubscribe() //nolint:errcheck
+	unsubFwd, err := w.subscribeForwards()
+	if err != nil {
+		it.Stop()
+		return fmt.Errorf("worker: subscribe forwards: %w", err)
+	}
+	defer unsubFwd()
 
 	sweepDone := make(chan struct{})
 	go func() {
@@ -184,7 +199,7 @@ func (w *Worker) Run(ctx context.Context) error {
 				now := time.Now()
 				w.cache.sweep(now)
 				w.heldElsewhere.Range(func(k, v any) bool {
-					if now.After(v.(time.Time)) {
+					if now.After(v.(heldInfo).until) {
 						w.heldElsewhere.Delete(k)
 					}
 					return true
@@ -236,6 +251,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	close(stopWatch)
 	w.beginDrain()
+	// A forwarded delivery starts its runner under w.mu only when no drain
+	// began: after this, no runner is added to w.wg.
+	w.mu.Lock()
+	w.mu.Unlock() //nolint:staticcheck // an empty critical section is the barrier
 	// Wait for lanes to finish their drain, then hard-stop whatever is left.
 	done := make(chan struct{})
 	go func() { w.wg.Wait(); close(done) }()
@@ -290,37 +309,67 @@ func (w *Worker) dispatch(msg jetstream.Msg) {
 		return
 	}
 	w.traceDelivery(msg, laneTok)
+	redelivered := false
 	if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
+		redelivered = true
 		w.stats.Redelivered.Add(1)
 		w.cfg.Metrics.Redelivered(context.Background())
 	}
-	// Another worker was seen holding this lane a moment ago: hand the
-	// delivery back without a round trip (its owner reads the lane itself).
-	if v, ok := w.heldElsewhere.Load(laneTok); ok && msg.Headers().Get(broker.HdrKind) != KindInternalHeader {
-		if time.Now().Before(v.(time.Time)) {
+	// Another worker was seen holding this lane a moment ago: forward the
+	// delivery to it (forward.go), or hand it back, without a round trip
+	// (its owner reads the lane itself). A redelivery always looks at the
+	// lease: it was handed back (by a holder that stopped, say) or never
+	// acknowledged, so what this worker remembers may be stale.
+	if v, ok := w.heldElsewhere.Load(laneTok); ok && !redelivered && msg.Headers().Get(broker.HdrKind) != KindInternalHeader {
+		if h := v.(heldInfo); time.Now().Before(h.until) && h.owner != w.owner {
 			w.stats.HeldElsewhere.Add(1)
-			_ = msg.NakWithDelay(time.Second)
+			if !w.forward(h.owner, laneTok, msg) {
+				_ = msg.NakWithDelay(time.Second)
+			}
 			return
 		}
 		w.heldElsewhere.Delete(laneTok)
 	}
+	w.runLocal(laneTok, msg, true)
+}
+
+// runLocal hands a delivery to the lane's runner on this worker, starting
+// one if needed. Starting a runner needs a lane slot: at capacity it blocks
+// when block is set, and otherwise reports false (the delivery untouched).
+// A worker that is draining hands the delivery back.
+func (w *Worker) runLocal(laneTok string, msg jetstream.Msg, block bool) bool {
 	w.mu.Lock()
 	if l := w.lanes[laneTok]; l != nil && l.offer(msg) {
 		w.mu.Unlock()
-		return
+		return true
 	}
 	w.mu.Unlock()
-	select {
-	case w.laneSlots <- struct{}{}:
-	case <-w.drainCh:
-		_ = msg.Nak()
-		return
+	if block {
+		select {
+		case w.laneSlots <- struct{}{}:
+		case <-w.drainCh:
+			_ = msg.Nak()
+			return true
+		}
+	} else {
+		select {
+		case w.laneSlots <- struct{}{}:
+		default:
+			return false
+		}
 	}
 	w.mu.Lock()
+	if !block && w.draining() {
+		// From another goroutine than Run's loop: no runner may start
+		// once the drain began (Run waits for the runners under w.mu).
+		w.mu.Unlock()
+		<-w.laneSlots
+		return false
+	}
 	if l := w.lanes[laneTok]; l != nil && l.offer(msg) {
 		w.mu.Unlock()
 		<-w.laneSlots
-		return
+		return true
 	}
 	l := newLane(w, laneTok)
 	l.offer(msg)
@@ -328,6 +377,7 @@ func (w *Worker) dispatch(msg jetstream.Msg) {
 	w.wg.Add(1)
 	w.mu.Unlock()
 	go l.run()
+	return true
 }
 
 // laneExit removes a finished runner and returns the deliveries it was

@@ -1,0 +1,79 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/agentfleet/agentfleet/agent/echo"
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/test/natstest"
+)
+
+// TestForwardToAGoneHolderBounces: a worker that remembers a holder whose
+// process is gone forwards into a subject nobody listens on; the server's
+// "no responders" answer hands the delivery back at once, and its
+// redelivery takes the (free) lane. The consumer's ack wait is 30 s here: a
+// forward lost without the answer would leave the message waiting for it.
+func TestForwardToAGoneHolderBounces(t *testing.T) {
+	t.Parallel()
+	srv := natstest.RunServer(t)
+	nc := srv.Connect(t)
+	js := natstest.JetStream(t, nc)
+	names := broker.MustNames("fleet")
+	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := New(nc, js, res, Config{ID: "w", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 30 * time.Second,
+		Reset: session.ResetConfig{Default: session.ResetPolicy{Mode: session.ResetNone}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("worker: %v", err)
+		}
+	})
+
+	src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: "gone", ChatType: session.ChatDM, UserID: "u"}
+	key := session.BuildSessionKey(src, session.DefaultKeyOptions())
+	lane := session.LaneToken(key)
+	// The worker saw another process hold the lane a moment ago; that
+	// process is gone (nothing listens on its forward subject).
+	w.heldElsewhere.Store(lane, heldInfo{until: time.Now().Add(time.Hour), owner: "gone/00000000"})
+
+	data, _ := json.Marshal(session.Inbound{Source: src, SessionKey: key, Kind: session.KindMessage, Text: "hello", ReceivedAt: time.Now()})
+	msg := nats.NewMsg(names.InboxSubject(session.Partition(names.Prefix(), lane), lane))
+	msg.Data = data
+	msg.Header.Set(broker.HdrSessionKey, key)
+	msg.Header.Set(broker.HdrKind, session.KindMessage)
+	ack, err := js.PublishMsg(t.Context(), msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := kv.NewStore(res, nil)
+	natstest.WaitFor(t, 20*time.Second, "the message to be run", func() error {
+		e, _, err := store.Get(t.Context(), lane)
+		if err != nil {
+			return err
+		}
+		if e.CommittedSeq < ack.Sequence {
+			return fmt.Errorf("committed %d < %d", e.CommittedSeq, ack.Sequence)
+		}
+		return nil
+	})
+	if n := w.Stats().ForwardsBounced.Load(); n != 1 {
+		t.Fatalf("%d forwards bounced, want 1", n)
+	}
+}
