@@ -131,7 +131,7 @@ func msf(d time.Duration) float64 { return float64(d) / 1e6 }
 // in the outbox, and every lane committed its last message.
 func TestThroughputSmoke(t *testing.T) {
 	r, err := bench.Throughput(t.Context(), bench.Options{
-		Lanes: 4, Workers: 2, Duration: 500 * time.Millisecond, WarmupTurns: 1, Verify: true,
+		Lanes: 4, Workers: 2, Duration: 2 * time.Second, WarmupTurns: 1, Verify: true,
 		ReplyTimeout: 20 * time.Second,
 	})
 	if err != nil {
@@ -151,7 +151,7 @@ func TestThroughputSmoke(t *testing.T) {
 
 // TestFloorSmoke runs a tiny floor scenario: every message got its reply.
 func TestFloorSmoke(t *testing.T) {
-	r, err := bench.Floor(t.Context(), bench.Options{Lanes: 4, Workers: 2, Duration: 300 * time.Millisecond, ReplyTimeout: 20 * time.Second})
+	r, err := bench.Floor(t.Context(), bench.Options{Lanes: 4, Workers: 2, Duration: 2 * time.Second, ReplyTimeout: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestWriteTable(t *testing.T) {
 // TestScaleSmoke fills the store with a few thousand entries, measures a
 // short in-process fleet on fresh lanes and times one sweep.
 func TestScaleSmoke(t *testing.T) {
-	ps, err := bench.Scale(t.Context(), bench.Options{Lanes: 2, Duration: 300 * time.Millisecond, WarmupTurns: 1, DataDir: t.TempDir()},
+	ps, err := bench.Scale(t.Context(), bench.Options{Lanes: 2, Duration: 2 * time.Second, WarmupTurns: 1, DataDir: t.TempDir()},
 		bench.ScaleOptions{Sessions: []int{2000}, Sweep: true})
 	if err != nil {
 		t.Fatal(err)

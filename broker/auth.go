@@ -22,8 +22,12 @@ import (
 type ServerUser struct {
 	User     string `yaml:"user"`
 	Password string `yaml:"password"`
-	NKey     string `yaml:"nkey"`
-	Role     string `yaml:"role"`
+	// PasswordEnv names an environment variable holding the password
+	// (plain or bcrypt): LoadUsers reads it into Password, so a users file
+	// can be shared (in a repository, a container image) without secrets.
+	PasswordEnv string `yaml:"password_env"`
+	NKey        string `yaml:"nkey"`
+	Role        string `yaml:"role"`
 	// InboxPrefix is the prefix of the user's reply subjects, as its
 	// processes set it in nats.inbox_prefix. Empty: "_INBOX".
 	InboxPrefix string `yaml:"inbox_prefix"`
@@ -34,8 +38,15 @@ type ServerUser struct {
 const SystemAccount = "SYS"
 
 // LoadUsers reads a users file: YAML with a list under "users", each with
-// user and password, or nkey, and a role. Unknown keys are refused.
+// user and password (or password_env, the name of an environment variable
+// holding it), or nkey, and a role. Unknown keys are refused.
 func LoadUsers(path string) ([]ServerUser, error) {
+	return LoadUsersEnv(path, os.LookupEnv)
+}
+
+// LoadUsersEnv is LoadUsers reading password_env variables through lookup.
+// A variable that is unset or empty is an error naming it.
+func LoadUsersEnv(path string, lookup func(string) (string, bool)) ([]ServerUser, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("users file: %w", err)
@@ -50,6 +61,26 @@ func LoadUsers(path string) ([]ServerUser, error) {
 	}
 	if len(doc.Users) == 0 {
 		return nil, fmt.Errorf("users file %s: no users (want a list under \"users:\")", path)
+	}
+	var errs []error
+	for i := range doc.Users {
+		u := &doc.Users[i]
+		if u.PasswordEnv == "" {
+			continue
+		}
+		if u.Password != "" {
+			errs = append(errs, fmt.Errorf("user %d (%s): give password or password_env, not both", i+1, u.User))
+			continue
+		}
+		v, ok := lookup(u.PasswordEnv)
+		if !ok || v == "" {
+			errs = append(errs, fmt.Errorf("user %d (%s): password_env %s is not set", i+1, u.User, u.PasswordEnv))
+			continue
+		}
+		u.Password = v
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("users file %s: %w", path, err)
 	}
 	if err := ValidateUsers(doc.Users); err != nil {
 		return nil, fmt.Errorf("users file %s: %w", path, err)
@@ -70,7 +101,7 @@ func ValidateUsers(users []ServerUser) error {
 			errs = append(errs, fmt.Errorf("user %d (%s): %s", i+1, name, fmt.Sprintf(format, a...)))
 		}
 		switch {
-		case u.NKey != "" && (u.User != "" || u.Password != ""):
+		case u.NKey != "" && (u.User != "" || u.Password != "" || u.PasswordEnv != ""):
 			bad("give user and password, or nkey, not both")
 		case u.NKey != "" && !nkeys.IsValidPublicUserKey(u.NKey):
 			bad("nkey is not a user public key (U...); the seed (SU...) stays with the client")

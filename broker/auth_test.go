@@ -250,3 +250,53 @@ func TestRenderedUserMatchesPermissions(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadUsersPasswordEnv: password_env reads a user's password from the
+// environment, and the server admits that password; an unset variable, or
+// password and password_env both, is refused naming the user and variable.
+func TestLoadUsersPasswordEnv(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "users.yaml")
+	doc := "users:\n" +
+		"  - user: admin\n    password_env: AF_TEST_ADMIN_PW\n    role: admin\n" +
+		"  - user: worker\n    password: plain-worker\n    role: worker\n"
+	if err := os.WriteFile(f, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"AF_TEST_ADMIN_PW": "from-the-env"}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	users, err := broker.LoadUsersEnv(f, lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if users[0].Password != "from-the-env" || users[1].Password != "plain-worker" {
+		t.Fatalf("passwords: %q, %q", users[0].Password, users[1].Password)
+	}
+	srv, err := broker.StartServer(broker.ServerConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Users: users})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
+	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("admin", "from-the-env"))
+	if err != nil {
+		t.Fatalf("admin with the password from the environment: %v", err)
+	}
+	nc.Close()
+	if nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("admin", "AF_TEST_ADMIN_PW")); err == nil {
+		nc.Close()
+		t.Fatal("the variable's name was taken as the password")
+	}
+
+	delete(env, "AF_TEST_ADMIN_PW")
+	if _, err := broker.LoadUsersEnv(f, lookup); err == nil || !strings.Contains(err.Error(), "user 1 (admin): password_env AF_TEST_ADMIN_PW is not set") {
+		t.Errorf("unset variable: %v", err)
+	}
+	env["AF_TEST_ADMIN_PW"] = "x"
+	both := "users:\n  - user: admin\n    password: p\n    password_env: AF_TEST_ADMIN_PW\n    role: admin\n"
+	if err := os.WriteFile(f, []byte(both), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := broker.LoadUsersEnv(f, lookup); err == nil || !strings.Contains(err.Error(), "not both") {
+		t.Errorf("password and password_env: %v", err)
+	}
+}

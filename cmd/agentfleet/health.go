@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -15,6 +16,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/config"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/statedb"
 	"github.com/agentfleet/agentfleet/worker"
@@ -33,7 +35,10 @@ func healthCommand() *cli.Command {
 			"--worker reads this process's worker (worker.id) from the worker registry and wants it running;\n" +
 			"a worker that stopped heartbeating drops out of the registry by itself.\n" +
 			"--indexer wants the state database's API (served by the indexers) to answer a stats request\n" +
-			"without an error: a database that can be read, behind a NATS connection that works.",
+			"without an error: a database that can be read, behind a NATS connection that works.\n" +
+			"AGENTFLEET_HEALTHCHECK_NATS_USER, _PASSWORD and _INBOX_PREFIX, when set, replace nats.user,\n" +
+			"nats.password and nats.inbox_prefix: a role's container keeps its own NATS user for the role and\n" +
+			"gives its health check the healthcheck user (docs/security.md).",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "url", Usage: "HTTP `URL` that must answer 2xx"},
 			&cli.StringFlag{Name: "nats", Usage: "NATS server `URL` whose JetStream must answer"},
@@ -63,6 +68,7 @@ func healthCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			healthcheckUser(&cfg, os.LookupEnv)
 			url := cfg.NATS.URL
 			if c.IsSet("nats") {
 				url = c.String("nats")
@@ -94,6 +100,21 @@ func healthCommand() *cli.Command {
 			}
 			return checkWorker(ctx, js, names, cfg.Worker.ID)
 		},
+	}
+}
+
+// healthcheckUser replaces the NATS user, password and inbox prefix of cfg
+// with AGENTFLEET_HEALTHCHECK_NATS_USER, _PASSWORD and _INBOX_PREFIX, each
+// when set and not empty.
+func healthcheckUser(cfg *config.Config, lookup func(string) (string, bool)) {
+	for name, dst := range map[string]*string{
+		"AGENTFLEET_HEALTHCHECK_NATS_USER":         &cfg.NATS.User,
+		"AGENTFLEET_HEALTHCHECK_NATS_PASSWORD":     &cfg.NATS.Password,
+		"AGENTFLEET_HEALTHCHECK_NATS_INBOX_PREFIX": &cfg.NATS.InboxPrefix,
+	} {
+		if v, ok := lookup(name); ok && v != "" {
+			*dst = v
+		}
 	}
 }
 

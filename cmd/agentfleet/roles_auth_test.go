@@ -239,11 +239,16 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 		get("http://"+conAddr+page, "console-token")
 	}
 
-	// The healthchecks, as the healthcheck user.
+	// The healthchecks, as the healthcheck user, from a container whose
+	// nats.* settings are a role's (with a wrong password, so only the
+	// AGENTFLEET_HEALTHCHECK_NATS_* settings let them in).
 	hc := roleConfig(broker.RoleHealthcheck)
-	t.Setenv("AGENTFLEET_NATS_USER", hc.NATS.User)
-	t.Setenv("AGENTFLEET_NATS_PASSWORD", hc.NATS.Password)
-	t.Setenv("AGENTFLEET_NATS_INBOX_PREFIX", hc.NATS.InboxPrefix)
+	t.Setenv("AGENTFLEET_NATS_USER", broker.RoleWorker)
+	t.Setenv("AGENTFLEET_NATS_PASSWORD", "not-the-worker-password")
+	t.Setenv("AGENTFLEET_NATS_INBOX_PREFIX", "_INBOX_worker")
+	t.Setenv("AGENTFLEET_HEALTHCHECK_NATS_USER", hc.NATS.User)
+	t.Setenv("AGENTFLEET_HEALTHCHECK_NATS_PASSWORD", hc.NATS.Password)
+	t.Setenv("AGENTFLEET_HEALTHCHECK_NATS_INBOX_PREFIX", hc.NATS.InboxPrefix)
 	t.Setenv("AGENTFLEET_NATS_URL", srv.ClientURL())
 	t.Setenv("AGENTFLEET_WORKER_ID", "w1")
 	for _, check := range []string{"--nats", "--worker", "--indexer"} {

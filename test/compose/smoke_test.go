@@ -5,6 +5,7 @@ package compose
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/worker"
@@ -21,10 +23,56 @@ import (
 // smoke checks the stack as a user meets it: every stream and bucket is
 // replicated on the three nodes, a message posted to either ingress gets
 // its reply (read through both), and fleetctl on the host lists the three
-// workers.
+// workers. The NATS nodes enforce their users: a client without
+// credentials is refused by each, and a role's user is refused what its
+// permissions leave out.
 func smoke(t *testing.T, s *stack) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+
+	// Every node refuses a client without credentials, and one with a
+	// wrong password.
+	for _, u := range strings.Split(s.natsURLs, ",") {
+		for _, opts := range [][]nats.Option{nil, {nats.UserInfo("admin", "not-the-password")}} {
+			nc, err := nats.Connect(u, append(opts, nats.Timeout(10*time.Second), nats.NoReconnect())...)
+			if err == nil {
+				nc.Close()
+				t.Fatalf("%s admitted a client without valid credentials", u)
+			}
+			if !errors.Is(err, nats.ErrAuthorization) && !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+				t.Errorf("%s refused a client without valid credentials, but not for authorization: %v", u, err)
+			}
+		}
+	}
+	// The worker's user is in, with its permissions only: deleting a
+	// stream (an admin's right) is refused.
+	wc, err := nats.Connect(s.natsURLs, nats.UserInfo("worker", workerPassword), nats.CustomInboxPrefix("_INBOX_worker"),
+		nats.Timeout(10*time.Second))
+	if err != nil {
+		t.Fatalf("the worker user: %v", err)
+	}
+	defer wc.Close()
+	denied := make(chan error, 1)
+	wc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) || strings.Contains(err.Error(), "Permissions Violation") {
+			select {
+			case denied <- err:
+			default:
+			}
+		}
+	})
+	if _, err := wc.Request("$JS.API.STREAM.DELETE."+s.res.Inbox.CachedInfo().Config.Name, nil, 10*time.Second); err == nil {
+		t.Fatal("the worker user deleted the inbox stream")
+	}
+	select {
+	case err := <-denied:
+		t.Logf("worker user refused a stream delete: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Error("the worker user's stream delete got no permission violation")
+	}
+	if _, err := s.res.Inbox.Info(ctx); err != nil {
+		t.Fatalf("inbox stream after the worker's delete: %v", err)
+	}
 
 	// R3 everywhere, with a leader and two current replicas.
 	streams := map[string]jetstream.Stream{"inbox": s.res.Inbox, "transcripts": s.res.Transcripts, "outbox": s.res.Outbox, "events": s.res.Events}

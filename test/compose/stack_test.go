@@ -47,6 +47,8 @@ var natsServerName = map[string]string{"n1": "nats1", "n2": "nats2", "n3": "nats
 const (
 	httpToken     = "compose-test-token"
 	adminPassword = "compose-test-admin"
+	// workerPassword is the worker user's (deploy/compose/nats-users.yaml).
+	workerPassword = "compose-test-worker"
 	// leaseTTL is the stack's lease TTL: short, so takeovers are quick.
 	leaseTTL = 6 * time.Second
 	// healthyTimeout bounds the wait for services to pass their checks.
@@ -118,8 +120,11 @@ func newStack(t *testing.T) *stack {
 		"WORKER_LINGER=3s",
 		"DRAIN_TIMEOUT=10s",
 		"WORKER_STOP_GRACE=30s",
-		"NATS_ADMIN_USER=admin",
 		"NATS_ADMIN_PASSWORD="+adminPassword,
+		"NATS_INGRESS_PASSWORD=compose-test-ingress",
+		"NATS_WORKER_PASSWORD="+workerPassword,
+		"NATS_INDEXER_PASSWORD=compose-test-indexer",
+		"NATS_HEALTHCHECK_PASSWORD=compose-test-healthcheck",
 	)
 	for k, p := range ports {
 		s.env = append(s.env, k+"="+strconv.Itoa(p))
@@ -177,7 +182,7 @@ func (s *stack) keepLogs() {
 		s.t.Logf("keep logs: %v", err)
 		return
 	}
-	for _, svc := range slices.Concat(natsServices, ingressServices, workerServices, []string{"indexer"}) {
+	for _, svc := range slices.Concat(natsServices, ingressServices, workerServices, []string{"indexer", "provision"}) {
 		out, err := s.compose("logs", "--no-color", "--timestamps", svc)
 		if err != nil {
 			s.t.Logf("keep logs of %s: %v", svc, err)
@@ -313,9 +318,9 @@ func (s *stack) logs(service string, since time.Time) string {
 	return out
 }
 
-// connect opens the test's own NATS connection to the three nodes and the
-// fleet's resources (provisioned already by the roles; Provision with the
-// stack's settings changes nothing).
+// connect opens the test's own NATS connection to the three nodes, as the
+// admin user, and the fleet's resources (provisioned already by the
+// `provision` service; Provision with the stack's settings changes nothing).
 func (s *stack) connect() {
 	s.t.Helper()
 	nc, err := nats.Connect(s.natsURLs, nats.Name("compose-test"), nats.Timeout(5*time.Second),

@@ -103,7 +103,7 @@ func TestNodeLossR3(t *testing.T) {
 	settle := func() {
 		for _, key := range keys {
 			want := sent[key]
-			waitFor(t, 60*time.Second, "lane "+key+" to incorporate every message", func() error {
+			waitFor(t, 2*time.Minute, "lane "+key+" to incorporate every message", func() error {
 				e, err := c.entry(key)
 				if err != nil {
 					return err
@@ -141,7 +141,7 @@ func TestNodeLossR3(t *testing.T) {
 	// Replies reach the mailboxes through the delivery consumer, whose
 	// leader may have been on the lost node: wait for it to drain before
 	// counting them (a reply never published would still be missing).
-	waitFor(t, 60*time.Second, "the delivery consumer to drain", c.delivered)
+	waitFor(t, 2*time.Minute, "the delivery consumer to drain", c.delivered)
 
 	for _, key := range keys {
 		e := c.mustEntry(key)

@@ -41,11 +41,19 @@ func TestInboxStreamsMigration(t *testing.T) {
 	}
 	type laneLoad struct {
 		chat string
+		// mu guards key and msgs while the load runs: the test reads them
+		// before the load stops.
+		mu   sync.Mutex
 		key  string
 		msgs []sent
 		err  error
 		// retried counts posts answered with an error and retried.
 		retried int
+	}
+	sentCount := func(l *laneLoad) int {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.msgs)
 	}
 	load := make([]*laneLoad, lanes)
 	for i := range load {
@@ -74,9 +82,11 @@ func TestInboxStreamsMigration(t *testing.T) {
 				for {
 					a, err := c.tryPostCtx(ctx, l.chat, text, id)
 					if err == nil {
+						l.mu.Lock()
 						if l.key == "" {
 							l.key = a.SessionKey
 						}
+						l.mu.Unlock()
 						break
 					}
 					if ctx.Err() != nil {
@@ -94,7 +104,9 @@ func TestInboxStreamsMigration(t *testing.T) {
 					}
 					pause.Stop()
 				}
+				l.mu.Lock()
 				l.msgs = append(l.msgs, sent{text: text})
+				l.mu.Unlock()
 				gap := time.NewTimer(time.Duration(rng.Int64N(int64(300 * time.Millisecond))))
 				select {
 				case <-stop:
@@ -118,10 +130,13 @@ func TestInboxStreamsMigration(t *testing.T) {
 	// Every lane has had a turn before the first migration.
 	waitFor(t, 60*time.Second, "every lane to have a turn", func() error {
 		for _, l := range load {
-			if l.key == "" {
+			l.mu.Lock()
+			key := l.key
+			l.mu.Unlock()
+			if key == "" {
 				return fmt.Errorf("%s: nothing accepted yet", l.chat)
 			}
-			if e, err := c.entry(l.key); err != nil || e.LastTurnID == "" {
+			if e, err := c.entry(key); err != nil || e.LastTurnID == "" {
 				return fmt.Errorf("%s: no turn yet", l.chat)
 			}
 		}
@@ -167,12 +182,12 @@ func TestInboxStreamsMigration(t *testing.T) {
 	// there.
 	marks := map[string]int{}
 	for _, l := range load {
-		marks[l.chat] = len(l.msgs)
+		marks[l.chat] = sentCount(l)
 	}
 	waitFor(t, 60*time.Second, "every lane to have messages accepted on three streams", func() error {
 		for _, l := range load {
-			if len(l.msgs) < marks[l.chat]+3 {
-				return fmt.Errorf("%s: %d messages since", l.chat, len(l.msgs)-marks[l.chat])
+			if sentCount(l) < marks[l.chat]+3 {
+				return fmt.Errorf("%s: %d messages since", l.chat, sentCount(l)-marks[l.chat])
 			}
 		}
 		return nil
@@ -181,12 +196,12 @@ func TestInboxStreamsMigration(t *testing.T) {
 		t.Fatalf("migration back to 1 stream: %+v, want 3 -> 1, 42 moved", rep)
 	}
 	for _, l := range load {
-		marks[l.chat] = len(l.msgs)
+		marks[l.chat] = sentCount(l)
 	}
 	waitFor(t, 60*time.Second, "every lane to have messages accepted after the way back", func() error {
 		for _, l := range load {
-			if len(l.msgs) < marks[l.chat]+2 {
-				return fmt.Errorf("%s: %d messages since", l.chat, len(l.msgs)-marks[l.chat])
+			if sentCount(l) < marks[l.chat]+2 {
+				return fmt.Errorf("%s: %d messages since", l.chat, sentCount(l)-marks[l.chat])
 			}
 		}
 		return nil
