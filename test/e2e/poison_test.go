@@ -168,7 +168,7 @@ func TestPoisonDeadLettered(t *testing.T) {
 		}
 	}
 	attempts := []string{"1"}
-	for _, l := range logLines(workers, "turn="+turnID, poisonAt, deadAt) {
+	for _, l := range logLines(workers, "turn_id="+turnID, poisonAt, deadAt) {
 		if _, rest, ok := strings.Cut(l, "resuming interrupted turn"); ok {
 			if _, n, ok := strings.Cut(rest, " attempt="); ok {
 				n, _, _ = strings.Cut(n, " ")
