@@ -699,7 +699,10 @@ const maxEarlierScan = 64
 // else an earlier reply of the lane is pending (errEarlierPending).
 func (d *Delivery) earlierDone(ctx context.Context, outSubj string, from, seq uint64) error {
 	for i := 0; from < seq; i++ {
-		next, err := d.res.Outbox.GetMsg(ctx, from, jetstream.WithGetMsgSubject(outSubj))
+		// From the leader: a lagging replica's "none" would let this
+		// reply overtake an earlier one, which the mailbox's last seq
+		// then shows as delivered (the earlier reply lost).
+		next, err := leaderNext(ctx, d.js, d.names.OutboxStream(), outSubj, from)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}

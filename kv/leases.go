@@ -152,8 +152,29 @@ func (l *Leases) AcquireBound(ctx context.Context, lane, owner string, live uint
 // ids name one process, so the process is alive. An owner that lost its
 // liveness lease (a stall) and took a new one rebinds its lane leases to the
 // new epoch itself; only an owner with none at all is taken over.
+//
+// The answer decides a takeover that no conditional write checks (the
+// takeover's CAS is on the lane's key, not on the liveness key), so it is
+// read from the stream leader: a direct get may be answered by a replica
+// that lags (one just back from a partition) and does not hold the owner's
+// latest liveness lease yet, and the live owner, whose self-fence still
+// lets it write, would share the lane with the taker.
 func (l *Leases) alive(ctx context.Context, owner string) (bool, error) {
-	v, _, err := l.value(ctx, LivenessKey(owner))
+	var v leaseValue
+	var err error
+	if l.js != nil {
+		rctx, cancel := context.WithTimeout(ctx, l.timeout)
+		var data []byte
+		_, data, err = leaderLast(rctx, l.js, l.bucket, LivenessKey(owner))
+		cancel()
+		if err == nil {
+			if uerr := json.Unmarshal(data, &v); uerr != nil {
+				return false, fmt.Errorf("liveness lease of %s: decode: %w", owner, uerr)
+			}
+		}
+	} else {
+		v, _, err = l.value(ctx, LivenessKey(owner))
+	}
 	if errors.Is(err, ErrNotFound) {
 		return false, nil
 	}

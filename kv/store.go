@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/broker"
@@ -401,49 +400,20 @@ func (s *Store) read(ctx context.Context, lane string, leader bool) (*session.Se
 	if !leader || s.js == nil {
 		return s.Get(ctx, lane)
 	}
-	stream := "KV_" + s.sessions.Bucket()
-	req, _ := json.Marshal(map[string]string{"last_by_subj": "$KV." + s.sessions.Bucket() + "." + lane})
 	rctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	reply, err := s.js.Conn().RequestWithContext(rctx, apiPrefix(s.js.Options())+"STREAM.MSG.GET."+stream, req)
+	seq, data, err := leaderLast(rctx, s.js, s.sessions.Bucket(), lane)
+	if errors.Is(err, ErrNotFound) {
+		return nil, 0, fmt.Errorf("session %s: %w", lane, ErrNotFound)
+	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("session %s: leader read: %w", lane, err)
 	}
-	var resp struct {
-		Error   *jetstream.APIError `json:"error,omitempty"`
-		Message *struct {
-			Seq  uint64 `json:"seq"`
-			Hdrs []byte `json:"hdrs,omitempty"`
-			Data []byte `json:"data,omitempty"`
-		} `json:"message,omitempty"`
-	}
-	if err := json.Unmarshal(reply.Data, &resp); err != nil {
-		return nil, 0, fmt.Errorf("session %s: leader read: %w", lane, err)
-	}
-	if resp.Error != nil {
-		if resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
-			return nil, 0, fmt.Errorf("session %s: %w", lane, ErrNotFound)
-		}
-		return nil, 0, fmt.Errorf("session %s: leader read: %w", lane, resp.Error)
-	}
-	if resp.Message == nil {
-		return nil, 0, fmt.Errorf("session %s: leader read: empty response", lane)
-	}
-	if len(resp.Message.Hdrs) > 0 {
-		if h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs); err == nil {
-			if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
-				return nil, 0, fmt.Errorf("session %s: %w", lane, ErrNotFound)
-			}
-			if h.Get("Nats-Marker-Reason") != "" {
-				return nil, 0, fmt.Errorf("session %s: %w", lane, ErrNotFound)
-			}
-		}
-	}
 	var entry session.SessionEntry
-	if err := json.Unmarshal(resp.Message.Data, &entry); err != nil {
+	if err := json.Unmarshal(data, &entry); err != nil {
 		return nil, 0, fmt.Errorf("session %s: decode: %w", lane, err)
 	}
-	return &entry, resp.Message.Seq, nil
+	return &entry, seq, nil
 }
 
 func apiPrefix(o jetstream.JetStreamOptions) string {

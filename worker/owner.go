@@ -463,6 +463,9 @@ func (o *owner) fence(sid string) error {
 		if err != nil {
 			return err
 		}
+		if err := o.checkFenceEpoch(st); err != nil {
+			return err
+		}
 		e := transcript.Entry{Kind: transcript.KindFence, Epoch: o.lease.Epoch, Owner: o.w.owner, Timestamp: o.w.cfg.Now()}
 		err = o.appendTo(st, &e)
 		if err == nil {
@@ -480,6 +483,26 @@ func (o *owner) fence(sid string) error {
 		o.tx[sid] = newTxState(sid, entries, last)
 	}
 	return fmt.Errorf("fence %s: the transcript kept moving", sid)
+}
+
+// checkFenceEpoch refuses to fence a transcript that already holds the
+// fence of a newer lease epoch: its owner took the lane after us (a
+// takeover our self-fence cannot see, e.g. one decided on a replica that
+// lagged), and our fence on top of it would let our appends follow its
+// own. Only a fence of an epoch above every earlier one shuts the previous
+// owners out, so the lane is lost.
+func (o *owner) checkFenceEpoch(st *txState) error {
+	newer := transcript.FenceEpoch(st.entries)
+	if newer <= o.lease.Epoch {
+		return nil
+	}
+	o.log.Warn("lease lost: the transcript holds the fence of a newer epoch",
+		slog.String("session_id", st.sessionID), slog.Uint64("epoch", o.lease.Epoch), slog.Uint64("fence_epoch", newer))
+	o.w.cfg.Metrics.LeaseLost(context.Background(), "taken")
+	o.w.stats.LeasesLost.Add(1)
+	o.lost.Store(true)
+	o.cancel(kv.ErrLeaseLost)
+	return fmt.Errorf("transcript %s fenced at epoch %d, ours is %d: %w", st.sessionID, newer, o.lease.Epoch, kv.ErrLeaseLost)
 }
 
 // txFor returns the loaded transcript of a session, from the lane, the
