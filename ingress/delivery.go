@@ -702,7 +702,7 @@ func (d *Delivery) earlierDone(ctx context.Context, outSubj string, from, seq ui
 		// From the leader: a lagging replica's "none" would let this
 		// reply overtake an earlier one, which the mailbox's last seq
 		// then shows as delivered (the earlier reply lost).
-		next, err := leaderNext(ctx, d.js, d.names.OutboxStream(), outSubj, from)
+		next, err := broker.LeaderGet(ctx, d.js, d.names.OutboxStream(), broker.LeaderGetRequest{Seq: from, NextBySubject: outSubj})
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}

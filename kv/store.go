@@ -416,17 +416,6 @@ func (s *Store) read(ctx context.Context, lane string, leader bool) (*session.Se
 	return &entry, seq, nil
 }
 
-func apiPrefix(o jetstream.JetStreamOptions) string {
-	switch {
-	case o.APIPrefix != "":
-		return strings.TrimSuffix(o.APIPrefix, ".") + "."
-	case o.Domain != "":
-		return "$JS." + o.Domain + ".API."
-	default:
-		return jetstream.DefaultAPIPrefix
-	}
-}
-
 // eachBatch bounds the entries Each has pulled ahead of fn.
 const eachBatch = 256
 
