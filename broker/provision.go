@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -447,6 +448,12 @@ func ensureInbox(ctx context.Context, js jetstream.JetStream, cfg jetstream.Stre
 			sum := sha256.Sum256([]byte(info.Config.Name + "\x00" + info.Created.UTC().Format(time.RFC3339Nano)))
 			id = hex.EncodeToString(sum[:16])
 		}
+		if info.Config.Metadata[InboxIDMetadata] == id && inboxConfigCurrent(info.Config, cfg) {
+			// Nothing to change: no update, so a process starting while a
+			// migration moves partitions cannot write back subjects it read
+			// a moment before the migration changed them.
+			return s, id, nil
+		}
 		update := cfg
 		update.Metadata = map[string]string{InboxIDMetadata: id}
 		// The subjects of an existing inbox stream are the migration's to
@@ -460,6 +467,19 @@ func ensureInbox(ctx context.Context, js jetstream.JetStream, cfg jetstream.Stre
 		return s, id, nil
 	}
 	return nil, "", fmt.Errorf("provision stream %s: could not settle its identity", cfg.Name)
+}
+
+// inboxConfigCurrent reports whether an existing inbox stream already has
+// every setting provisioning gives it but its subjects (the migration's to
+// change).
+func inboxConfigCurrent(have, want jetstream.StreamConfig) bool {
+	return have.Description == want.Description &&
+		have.Retention == want.Retention &&
+		have.Storage == want.Storage &&
+		have.Replicas == want.Replicas &&
+		(want.Duplicates == 0 || have.Duplicates == want.Duplicates) &&
+		have.AllowDirect == want.AllowDirect &&
+		reflect.DeepEqual(have.RePublish, want.RePublish)
 }
 
 // InboxID reads the identity of an existing inbox stream.

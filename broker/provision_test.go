@@ -2,11 +2,13 @@ package broker_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/broker"
@@ -284,5 +286,82 @@ func TestInboxIdentityOfAStreamWithoutOne(t *testing.T) {
 		if got := s.CachedInfo().Config.Metadata[broker.InboxIDMetadata]; got != id || id == "" {
 			t.Fatalf("stored identity %q, provisioned %q", got, id)
 		}
+	}
+}
+
+// TestProvisionLeavesACurrentInboxAlone: provisioning a fleet whose inbox
+// streams already have their settings sends no stream update, so a process
+// starting while a migration moves partitions cannot write back the
+// subjects it read a moment before (that would give a partition back to
+// the stream it is leaving, and messages stored there would be purged or
+// never read). A changed setting is still applied.
+func TestProvisionLeavesACurrentInboxAlone(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := srv.Connect(t)
+	js := natstest.JetStream(t, nc)
+	names := broker.MustNames(broker.DefaultPrefix)
+	pc := broker.ProvisionConfig{Names: names, LeaseTTL: 4 * time.Second, InboxStreams: 2}
+	if _, err := broker.Provision(t.Context(), js, pc); err != nil {
+		t.Fatal(err)
+	}
+	watch := srv.Connect(t)
+	// Stream update requests of the two inbox streams, counted (and
+	// taken) once every request sent so far has reached the subscription.
+	updates := make(chan string, 16)
+	for _, stream := range []string{names.InboxStreamAt(0), names.InboxStreamAt(1)} {
+		if _, err := watch.Subscribe("$JS.API.STREAM.UPDATE."+stream, func(m *nats.Msg) { updates <- m.Subject }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	taken := func() []string {
+		t.Helper()
+		if err := watch.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for {
+			select {
+			case s := <-updates:
+				got = append(got, s)
+			default:
+				return got
+			}
+		}
+	}
+	taken()
+	if _, err := broker.Provision(t.Context(), js, pc); err != nil {
+		t.Fatal(err)
+	}
+	// The update requests were sent before Provision returned; the flush's
+	// round trip brings any copy of them to this subscription first.
+	if got := taken(); len(got) != 0 {
+		t.Fatalf("provisioning a current inbox sent stream updates: %v", got)
+	}
+
+	// A setting that differs is applied (the subjects kept as they are).
+	s, err := js.Stream(t.Context(), names.InboxStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	subjects := cfg.Subjects
+	cfg.Description = "changed by hand"
+	if _, err := js.UpdateStream(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	taken()
+	if _, err := broker.Provision(t.Context(), js, pc); err != nil {
+		t.Fatal(err)
+	}
+	if got := taken(); !slices.Equal(got, []string{"$JS.API.STREAM.UPDATE." + names.InboxStream()}) {
+		t.Fatalf("after a setting of %s changed, provisioning sent updates %v, want one of it", names.InboxStream(), got)
+	}
+	info, err := s.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.Description == "changed by hand" || !slices.Equal(info.Config.Subjects, subjects) {
+		t.Fatalf("after provisioning: description %q subjects %v, want the fleet's description and subjects %v",
+			info.Config.Description, info.Config.Subjects, subjects)
 	}
 }
