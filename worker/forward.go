@@ -122,7 +122,7 @@ func (w *Worker) subscribeForwards() (unsub func(), err error) {
 			// and hand this delivery back at once: if the target stopped
 			// cleanly, its lanes are free now.
 			w.stats.ForwardsBounced.Add(1)
-			w.fwd.gone.Store(p.owner, time.Now().Add(heldElsewhereFor))
+			w.fwd.markGone(p.owner, time.Now())
 			w.heldElsewhere.Delete(p.lane)
 			_ = p.msg.Nak()
 		}
@@ -152,6 +152,20 @@ func (w *Worker) subscribeForwards() (unsub func(), err error) {
 		sub.Unsubscribe()  //nolint:errcheck
 		back.Unsubscribe() //nolint:errcheck
 	}, nil
+}
+
+// markGone remembers that forwards to owner bounced at now, for
+// heldElsewhereFor, and forgets the owners whose time ran out: each
+// stopped incarnation of a peer leaves an owner id here, and one that is
+// never forwarded to again would otherwise stay for good.
+func (f *forwards) markGone(owner string, now time.Time) {
+	f.gone.Range(func(k, v any) bool {
+		if !now.Before(v.(time.Time)) {
+			f.gone.Delete(k)
+		}
+		return true
+	})
+	f.gone.Store(owner, now.Add(heldElsewhereFor))
 }
 
 // fwdBounceWait is how long a forward is remembered for a "no responders"

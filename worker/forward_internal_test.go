@@ -77,3 +77,23 @@ func TestForwardToAGoneHolderBounces(t *testing.T) {
 		t.Fatalf("%d forwards bounced, want 1", n)
 	}
 }
+
+// TestForwardGoneIsPruned: the owners a forward bounced from are forgotten
+// once their time ran out, when another bounces, so peers' stopped
+// incarnations do not pile up in a long-running worker.
+func TestForwardGoneIsPruned(t *testing.T) {
+	var f forwards
+	t0 := time.Unix(1_000_000, 0)
+	for i := range 100 {
+		f.markGone(fmt.Sprintf("w%d/old", i), t0)
+	}
+	f.markGone("w1/new", t0.Add(heldElsewhereFor))
+	var left []string
+	f.gone.Range(func(k, _ any) bool {
+		left = append(left, k.(string))
+		return true
+	})
+	if len(left) != 1 || left[0] != "w1/new" {
+		t.Fatalf("remembered after the others' time ran out: %v, want [w1/new]", left)
+	}
+}
