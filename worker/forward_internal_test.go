@@ -97,3 +97,44 @@ func TestForwardGoneIsPruned(t *testing.T) {
 		t.Fatalf("remembered after the others' time ran out: %v, want [w1/new]", left)
 	}
 }
+
+// TestCopiesInOneStepClaimInOrder: two inbox copies of one platform
+// message in the same step (seq 5 and seq 9) do not race for its msgids
+// record: the first copy owns it, whatever the order the claims would have
+// landed in, so the message is incorporated at its first seq and the later
+// copy is the duplicate.
+func TestCopiesInOneStepClaimInOrder(t *testing.T) {
+	t.Parallel()
+	srv := natstest.RunServer(t)
+	nc := srv.Connect(t)
+	js := natstest.JetStream(t, nc)
+	names := broker.MustNames("fleet")
+	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := New(nc, js, res, Config{ID: "w", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 20 {
+		l := newLane(w, fmt.Sprintf("copies-%d", round))
+		l.ctx = t.Context()
+		id := fmt.Sprintf("http:copies:%d", round)
+		msgs := []inboxMsg{
+			{seq: 5, body: session.Inbound{PlatformMsgID: id}},
+			{seq: 6, body: session.Inbound{PlatformMsgID: id + "-other"}},
+			{seq: 9, body: session.Inbound{PlatformMsgID: id}},
+		}
+		claims := l.prefetchMsgIDs(msgs)
+		claims.wait()
+		for _, c := range []struct {
+			seq, owner uint64
+		}{{5, 5}, {6, 6}, {9, 5}} {
+			r := claims[c.seq]
+			if r.err != nil || r.owner != c.owner {
+				t.Fatalf("round %d: claim of seq %d: owner %d, error %v; want owner %d", round, c.seq, r.owner, r.err, c.owner)
+			}
+		}
+	}
+}

@@ -19,18 +19,32 @@ type msgidClaim struct {
 // seq give the same answer), so making it before the turn's intent is
 // recorded changes nothing a crash could see: it is the record the ingress
 // used to write when it accepted the message.
+//
+// Two copies of one id in the step (msgs are in seq order) do not race for
+// it: the first claims it, and a later copy takes the first's answer, so the
+// message is incorporated at its first seq, in order, and the copy skipped.
 func (l *lane) prefetchMsgIDs(msgs []inboxMsg) msgidClaims {
 	var out msgidClaims
+	var first map[string]*msgidClaim
 	for _, m := range msgs {
 		id := m.body.PlatformMsgID
 		if id == "" {
 			continue
 		}
 		if out == nil {
-			out = msgidClaims{}
+			out, first = msgidClaims{}, map[string]*msgidClaim{}
 		}
 		r := &msgidClaim{done: make(chan struct{})}
 		out[m.seq] = r
+		if f := first[id]; f != nil {
+			go func() {
+				defer close(r.done)
+				<-f.done
+				r.owner, r.err = f.owner, f.err
+			}()
+			continue
+		}
+		first[id] = r
 		ctx := context.WithoutCancel(l.ctx)
 		go func() {
 			defer close(r.done)
