@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/broker"
@@ -18,10 +20,20 @@ import (
 // Msg-Id window is minutes; this is what makes a retry days later a duplicate.
 type MsgIDs struct {
 	kv jetstream.KeyValue
+	// async, when set, sends the first create of a Claim without waiting
+	// for its PubAck (see RecordAsync).
+	async jetstream.JetStream
 }
 
 // NewMsgIDs returns the msgids store.
 func NewMsgIDs(res *broker.Resources) *MsgIDs { return &MsgIDs{kv: res.MsgIDs} }
+
+// NewMsgIDsAsync is NewMsgIDs whose RecordAsync sends its create through
+// js's asynchronous publisher (js must time its acks out:
+// jetstream.WithPublishAsyncTimeout).
+func NewMsgIDsAsync(res *broker.Resources, js jetstream.JetStream) *MsgIDs {
+	return &MsgIDs{kv: res.MsgIDs, async: js}
+}
 
 // Key is the bucket key of a platform message id.
 func (m *MsgIDs) Key(platformMsgID string) string { return session.LaneToken(platformMsgID) }
@@ -77,6 +89,56 @@ func (m *MsgIDs) Record(ctx context.Context, id string, seq uint64) (uint64, err
 			return 0, fmt.Errorf("record msgid %s: %w", id, ctx.Err())
 		}
 	}
+}
+
+// Claim is a Record in flight (RecordAsync).
+type Claim struct {
+	m   *MsgIDs
+	id  string
+	seq uint64
+	// fut is the create sent without waiting, nil when none was sent.
+	fut jetstream.PubAckFuture
+
+	once  sync.Once
+	owner uint64
+	err   error
+}
+
+// RecordAsync starts Record(id, seq) and returns at once; Wait gives its
+// outcome. Its first create goes out without waiting for the PubAck (no
+// goroutine of its own): a create that is acknowledged is the claim; any
+// other outcome (the id is taken, an error, no answer in time) is settled
+// by Record in Wait, which is idempotent for the same id and seq.
+func (m *MsgIDs) RecordAsync(id string, seq uint64) *Claim {
+	c := &Claim{m: m, id: id, seq: seq}
+	if m.async != nil {
+		msg := nats.NewMsg("$KV." + m.kv.Bucket() + "." + m.Key(id))
+		msg.Data = strconv.AppendUint(nil, seq, 10)
+		if fut, err := m.async.PublishMsgAsync(msg, jetstream.WithExpectLastSequencePerSubject(0)); err == nil {
+			c.fut = fut
+		}
+	}
+	return c
+}
+
+// Wait returns the seq that owns the claimed id, as Record does. It may be
+// called from several goroutines and more than once.
+func (c *Claim) Wait(ctx context.Context) (uint64, error) {
+	c.once.Do(func() {
+		if c.fut != nil {
+			select {
+			case <-c.fut.Ok():
+				c.owner = c.seq
+				return
+			case <-c.fut.Err():
+			case <-ctx.Done():
+				c.err = fmt.Errorf("record msgid %s: %w", c.id, ctx.Err())
+				return
+			}
+		}
+		c.owner, c.err = c.m.Record(ctx, c.id, c.seq)
+	})
+	return c.owner, c.err
 }
 
 // recordAttempts bounds the create-then-lookup rounds of one Record.

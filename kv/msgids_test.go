@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/kv"
 )
@@ -105,5 +108,50 @@ func TestMsgIDsRace(t *testing.T) {
 		if seq, ok, err := stores[0].Lookup(ctx, id); err != nil || !ok || seq != got[0] {
 			t.Errorf("Lookup = %d, %v, %v; want %d", seq, ok, err, got[0])
 		}
+	}
+}
+
+// TestMsgIDsRecordAsync: a claim whose create is sent without waiting
+// answers as Record does: the first seq owns the id, a later seq gets the
+// first's, the same seq again gets itself (idempotent), several waiters
+// get one answer, and an id whose record was deleted is claimed again.
+func TestMsgIDsRecordAsync(t *testing.T) {
+	t.Parallel()
+	ev := newEnv(t)
+	ctx := testCtx(t)
+	js, res := ev.connect(t)
+	ajs, err := jetstream.New(js.Conn(), jetstream.WithPublishAsyncTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := kv.NewMsgIDsAsync(res, ajs)
+	for i := range 10 {
+		id := fmt.Sprintf("telegram:-100123:%d", i)
+		first := uint64(100 + i)
+		c := m.RecordAsync(id, first)
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Go(func() {
+				if got, err := c.Wait(ctx); err != nil || got != first {
+					t.Errorf("RecordAsync(%q, %d).Wait = %d, %v; want %d", id, first, got, err, first)
+				}
+			})
+		}
+		wg.Wait()
+		if got, err := m.RecordAsync(id, 9999).Wait(ctx); err != nil || got != first {
+			t.Errorf("later RecordAsync(%q) = %d, %v; want the first seq %d", id, got, err, first)
+		}
+		if got, err := m.RecordAsync(id, first).Wait(ctx); err != nil || got != first {
+			t.Errorf("RecordAsync(%q, %d) again = %d, %v; want %d", id, first, got, err, first)
+		}
+	}
+	// A deleted record (a delete marker is the key's last message) is
+	// claimed again by the next seq.
+	id := "telegram:-100123:0"
+	if err := res.MsgIDs.Delete(ctx, m.Key(id)); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.RecordAsync(id, 500).Wait(ctx); err != nil || got != 500 {
+		t.Errorf("RecordAsync after delete = %d, %v; want 500", got, err)
 	}
 }

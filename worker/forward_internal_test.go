@@ -127,13 +127,12 @@ func TestCopiesInOneStepClaimInOrder(t *testing.T) {
 			{seq: 9, body: session.Inbound{PlatformMsgID: id}},
 		}
 		claims := l.prefetchMsgIDs(msgs)
-		claims.wait()
 		for _, c := range []struct {
 			seq, owner uint64
-		}{{5, 5}, {6, 6}, {9, 5}} {
-			r := claims[c.seq]
-			if r.err != nil || r.owner != c.owner {
-				t.Fatalf("round %d: claim of seq %d: owner %d, error %v; want owner %d", round, c.seq, r.owner, r.err, c.owner)
+		}{{9, 5}, {5, 5}, {6, 6}} {
+			owner, err := claims[c.seq].Wait(t.Context())
+			if err != nil || owner != c.owner {
+				t.Fatalf("round %d: claim of seq %d: owner %d, error %v; want owner %d", round, c.seq, owner, err, c.owner)
 			}
 		}
 	}

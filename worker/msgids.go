@@ -3,53 +3,45 @@ package worker
 import (
 	"context"
 	"log/slog"
+
+	"github.com/agentfleet/agentfleet/kv"
 )
 
 // msgidClaims are the msgids claims of a step's messages, in flight.
-type msgidClaims map[uint64]*msgidClaim
-
-type msgidClaim struct {
-	done  chan struct{}
-	owner uint64
-	err   error
-}
+type msgidClaims map[uint64]*kv.Claim
 
 // prefetchMsgIDs starts the msgids claim of every message with a platform
 // message id; nil when there is none. A claim is idempotent (the same id and
 // seq give the same answer), so making it before the turn's intent is
 // recorded changes nothing a crash could see: it is the record the ingress
-// used to write when it accepted the message.
+// used to write when it accepted the message. The claims' creates go out
+// at once and their answers are read when the messages are incorporated
+// (no goroutine per claim).
 //
 // Two copies of one id in the step (msgs are in seq order) do not race for
 // it: the first claims it, and a later copy takes the first's answer, so the
 // message is incorporated at its first seq, in order, and the copy skipped.
 func (l *lane) prefetchMsgIDs(msgs []inboxMsg) msgidClaims {
 	var out msgidClaims
-	var first map[string]*msgidClaim
+	var first map[string]*kv.Claim
 	for _, m := range msgs {
 		id := m.body.PlatformMsgID
 		if id == "" {
 			continue
 		}
 		if out == nil {
-			out, first = msgidClaims{}, map[string]*msgidClaim{}
+			out = msgidClaims{}
 		}
-		r := &msgidClaim{done: make(chan struct{})}
-		out[m.seq] = r
 		if f := first[id]; f != nil {
-			go func() {
-				defer close(r.done)
-				<-f.done
-				r.owner, r.err = f.owner, f.err
-			}()
+			out[m.seq] = f
 			continue
 		}
-		first[id] = r
-		ctx := context.WithoutCancel(l.ctx)
-		go func() {
-			defer close(r.done)
-			r.owner, r.err = l.w.msgids.Record(ctx, id, m.seq)
-		}()
+		if first == nil {
+			first = map[string]*kv.Claim{}
+		}
+		c := l.w.msgids.RecordAsync(id, m.seq)
+		first[id] = c
+		out[m.seq] = c
 	}
 	return out
 }
@@ -57,18 +49,10 @@ func (l *lane) prefetchMsgIDs(msgs []inboxMsg) msgidClaims {
 // claimMsgID claims m's platform message id for m's seq and returns the seq
 // that owns it, from the prefetched claims when there is one.
 func (l *lane) claimMsgID(m inboxMsg) (uint64, error) {
-	if r := l.msgids[m.seq]; r != nil {
-		<-r.done
-		return r.owner, r.err
+	if c := l.msgids[m.seq]; c != nil {
+		return c.Wait(context.WithoutCancel(l.ctx))
 	}
 	return l.w.msgids.Record(context.WithoutCancel(l.ctx), m.body.PlatformMsgID, m.seq)
-}
-
-// wait waits for every claim to end.
-func (p msgidClaims) wait() {
-	for _, r := range p {
-		<-r.done
-	}
 }
 
 // duplicate reports whether m repeats a platform message already

@@ -313,6 +313,32 @@ func (o *owner) publish(msg *nats.Msg, id string) error {
 	return err
 }
 
+// publishAsync is publish that returns once msg is sent; the function it
+// returns waits for the PubAck (up to asyncAckTimeout) and gives publish's
+// error.
+func (o *owner) publishAsync(msg *nats.Msg, id string) func() error {
+	if err := o.checkAlive(); err != nil {
+		return func() error { return err }
+	}
+	pausePoint("reply")
+	fut, err := o.w.ajs.PublishMsgAsync(msg, jetstream.WithMsgID(id))
+	if err != nil {
+		return func() error { return err }
+	}
+	return func() error {
+		select {
+		case <-fut.Ok():
+			return nil
+		case err := <-fut.Err():
+			return err
+		}
+	}
+}
+
+// asyncAckTimeout bounds the wait for the PubAck of an asynchronous
+// publish, as publish's timeout does.
+const asyncAckTimeout = 5 * time.Second
+
 // commit moves committed_seq past seq with no turn, then acks the held
 // deliveries it covers.
 func (o *owner) commit(seq uint64) error {

@@ -145,10 +145,9 @@ func (l *lane) runStep(st *step) error {
 			defer l.endTurnTrace()
 		}
 		l.msgids = l.prefetchMsgIDs(st.msgs)
-		defer func() {
-			l.msgids.wait()
-			l.msgids = nil
-		}()
+		// A claim left unread (the step failed first) needs nothing: its
+		// create is idempotent, and the next attempt claims again.
+		defer func() { l.msgids = nil }()
 		intent, err := l.recordIntent(st)
 		if err != nil {
 			l.log.Warn("record intent", slog.Any("error", err))

@@ -320,14 +320,14 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 				l.log.Warn("append reply", slog.Any("error", err))
 				return l.failed(err)
 			}
-			// The reply goes out while the turn's end is appended. The
-			// commit waits for both; after a crash before it, recovery
-			// republishes the reply (same Msg-Id) from the transcript.
-			published := make(chan error, 1)
-			go func() { published <- l.publishReply(st, intent, e, session.ReplyKindReply, src) }()
+			// The reply goes out while the turn's end is appended (its
+			// PubAck is read after the append). The commit waits for both;
+			// after a crash before it, recovery republishes the reply (same
+			// Msg-Id) from the transcript.
+			published := l.publishReplyAsync(st, intent, e, session.ReplyKindReply, src)
 			w.stats.Turns.Add(1)
 			return l.finishThen(st, intent, StatusCompleted, &em.usage, nil, func() error {
-				if err := <-published; err != nil {
+				if err := published(); err != nil {
 					return err
 				}
 				crashPoint("after_reply")
@@ -660,6 +660,43 @@ func (l *lane) publishReply(st *txState, intent *session.TurnIntent, e transcrip
 // publishReplyAs is publishReply with the lane's session key given, for the
 // agent goroutine (which must not read l.entry: the runner may replace it).
 func (l *lane) publishReplyAs(key string, st *txState, intent *session.TurnIntent, e transcript.Entry, kind string, src session.SessionSource) error {
+	msg, id, err := l.replyMsg(key, st, intent, e, kind, src)
+	if err != nil {
+		return err
+	}
+	end := l.traceReply(msg.Header, id, kind)
+	err = l.publish(msg, id)
+	end(err)
+	if err != nil {
+		l.log.Warn("publish reply", slog.String("id", id), slog.Any("error", err))
+		return err
+	}
+	return nil
+}
+
+// publishReplyAsync is publishReply that returns once the reply is sent:
+// the function it returns waits for the PubAck and gives publishReply's
+// error.
+func (l *lane) publishReplyAsync(st *txState, intent *session.TurnIntent, e transcript.Entry, kind string, src session.SessionSource) func() error {
+	msg, id, err := l.replyMsg(l.entry.SessionKey, st, intent, e, kind, src)
+	if err != nil {
+		return func() error { return err }
+	}
+	end := l.traceReply(msg.Header, id, kind)
+	wait := l.publishAsync(msg, id)
+	return func() error {
+		err := wait()
+		end(err)
+		if err != nil {
+			l.log.Warn("publish reply", slog.String("id", id), slog.Any("error", err))
+		}
+		return err
+	}
+}
+
+// replyMsg is the outbox message of a reply or notice derived from a stored
+// transcript entry, with its Msg-Id.
+func (l *lane) replyMsg(key string, st *txState, intent *session.TurnIntent, e transcript.Entry, kind string, src session.SessionSource) (*nats.Msg, string, error) {
 	r := session.Reply{
 		ID: st.sessionID + ":" + seqString(e.Seq), SessionKey: key, SessionID: st.sessionID,
 		TurnID: intent.ID, TxSeq: e.Seq, Kind: kind, Text: e.Content, Platform: src.Platform,
@@ -667,7 +704,7 @@ func (l *lane) publishReplyAs(key string, st *txState, intent *session.TurnInten
 	}
 	data, err := jsonMarshal(r)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	platform := string(src.Platform)
 	if platform == "" {
@@ -677,14 +714,7 @@ func (l *lane) publishReplyAs(key string, st *txState, intent *session.TurnInten
 	msg.Data = data
 	msg.Header.Set(broker.HdrSessionKey, key)
 	msg.Header.Set(broker.HdrTurnID, intent.ID)
-	end := l.traceReply(msg.Header, r.ID, kind)
-	err = l.publish(msg, r.ID)
-	end(err)
-	if err != nil {
-		l.log.Warn("publish reply", slog.String("id", r.ID), slog.Any("error", err))
-		return err
-	}
-	return nil
+	return msg, r.ID, nil
 }
 
 // closeOld appends the closed entry to the session a turn switched away from.

@@ -27,9 +27,11 @@ import (
 // Worker consumes wake-ups from the shared workers consumer and runs the
 // lane protocol for the lanes it owns.
 type Worker struct {
-	cfg    Config
-	nc     *nats.Conn
-	js     jetstream.JetStream
+	cfg Config
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	// ajs is js's connection with the asynchronous publisher (see New).
+	ajs    jetstream.JetStream
 	res    *broker.Resources
 	names  broker.Names
 	store  *kv.Store
@@ -115,6 +117,13 @@ func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Confi
 	if err != nil {
 		return nil, err
 	}
+	// The publishes whose PubAck a turn reads later (a reply sent while the
+	// turn's end is appended, the msgids claims sent while its intent is
+	// recorded) go through the asynchronous publisher: no goroutine each.
+	ajs, err := jetstream.New(js.Conn(), jetstream.WithPublishAsyncTimeout(asyncAckTimeout))
+	if err != nil {
+		return nil, err
+	}
 	var inc [4]byte
 	_, _ = rand.Read(inc[:])
 	w := &Worker{
@@ -126,7 +135,8 @@ func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Confi
 		store:     kv.NewStore(res, &kv.StoreOptions{Now: c.Now}),
 		leases:    kv.NewLeases(js, res, c.Names, c.LeaseTTL),
 		live:      newLiveness(kv.NewLeases(js, res, c.Names, c.LivenessTTL), c.LivenessTTL),
-		msgids:    kv.NewMsgIDs(res),
+		ajs:       ajs,
+		msgids:    kv.NewMsgIDsAsync(res, ajs),
 		inboxes:   res.Inboxes,
 		tx:        tx,
 		owner:     c.ID + "/" + hex.EncodeToString(inc[:]),
