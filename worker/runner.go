@@ -25,6 +25,8 @@ type lane struct {
 
 	// turnStarted is when the running turn started (its duration metric).
 	turnStarted time.Time
+	// prompt is the last context prompt built (see contextPrompt).
+	prompt promptMemo
 	// msgids are the platform message id claims of the step being run.
 	msgids msgidClaims
 	// holdsGate is set while the lane runs a last-attempt turn that took

@@ -242,7 +242,7 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		SessionID:     intent.SessionID,
 		TurnID:        intent.ID,
 		Source:        src,
-		ContextPrompt: session.BuildContextPrompt(src, l.entry, w.cfg.Context),
+		ContextPrompt: l.contextPrompt(src),
 		Notes:         notes,
 		FreshReset:    l.entry.IsFreshReset,
 		Attempt:       intent.Attempt,
@@ -358,6 +358,36 @@ func (l *lane) execute(intent *session.TurnIntent, msgs []inboxMsg, resumed bool
 		}
 		return l.failTurnUsage(st, intent, src, runErr, &em.usage)
 	}
+}
+
+// promptMemo is the last context prompt a lane built and what it was built
+// from.
+type promptMemo struct {
+	src              session.SessionSource
+	key, sessionID   string
+	created          time.Time
+	prompt           string
+	valid, withEntry bool
+}
+
+// contextPrompt is session.BuildContextPrompt(src, l.entry, the worker's
+// options), built again only when what it depends on changed: the prompt is
+// stable across a session's turns by design (it carries no per-turn value;
+// the source's message id, which changes every turn, is not in it).
+func (l *lane) contextPrompt(src session.SessionSource) string {
+	m := &l.prompt
+	k := src
+	k.MessageID = ""
+	e := l.entry
+	if m.valid && m.src == k && m.withEntry == (e != nil) &&
+		(e == nil || m.key == e.SessionKey && m.sessionID == e.SessionID && m.created.Equal(e.CreatedAt)) {
+		return m.prompt
+	}
+	*m = promptMemo{src: k, prompt: session.BuildContextPrompt(src, e, l.w.cfg.Context), valid: true, withEntry: e != nil}
+	if e != nil {
+		m.key, m.sessionID, m.created = e.SessionKey, e.SessionID, e.CreatedAt
+	}
+	return m.prompt
 }
 
 // keepPartial records the reply text an agent returned with its error or
