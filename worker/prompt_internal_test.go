@@ -33,8 +33,12 @@ func TestContextPromptMemo(t *testing.T) {
 	check("another sender name")
 	src.ChatTopic = "topic"
 	check("a topic")
+	l.entry = &session.SessionEntry{SessionKey: entry.SessionKey, SessionID: "20261127_130000_00000002", CreatedAt: created}
+	check("another session id")
 	l.entry = &session.SessionEntry{SessionKey: entry.SessionKey, SessionID: "20261127_130000_00000002", CreatedAt: created.Add(time.Hour)}
-	check("a new session")
+	check("another creation time")
+	l.entry = &session.SessionEntry{SessionKey: entry.SessionKey + ":x", SessionID: "20261127_130000_00000002", CreatedAt: created.Add(time.Hour)}
+	check("another session key")
 	l.entry = &session.SessionEntry{SessionID: "20261127_130000_00000002", CreatedAt: created.Add(time.Hour)}
 	check("no session key")
 	l.entry = nil
