@@ -281,6 +281,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	<-sweepDone
 	w.cache.closeAll()
+	// Every lane has ended: no publish of ours awaits its ack. The
+	// asynchronous publisher's reply subscription goes with the worker, not
+	// with the connection (which may outlive it).
+	w.ajs.CleanupPublisher()
 	w.log.Info("worker stopped")
 	return runErr
 }
