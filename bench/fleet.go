@@ -257,6 +257,8 @@ func runFleet(ctx context.Context, e *env, o Options, x fleetExtra) (Result, err
 			return Result{}, err
 		}
 		defer closeHTTP()
+	case IngressAdapter:
+		send = adapterSender(o, ids, isrv.Publisher())
 	case IngressPublish:
 		send = publishSender(o, ids, ijs, ires, names)
 	}
@@ -495,6 +497,34 @@ func postMessage(ctx context.Context, client *http.Client, url string, body []by
 		return acceptBody{}, start, accepted, fmt.Errorf("POST /v1/messages: %w", err)
 	}
 	return ab, start, accepted, nil
+}
+
+// adapterSender returns a sender that hands each message to the ingress in
+// process, as a platform adapter does (ingress.Publisher.Publish): the same
+// validation, session key, lane, msgids lookup and publish as POST
+// /v1/messages, without the HTTP request, its JSON and the bench's client.
+// The message id is the one the HTTP adapter derives from message_id.
+func adapterSender(o Options, ids []laneID, pub *ingress.Publisher) sendFunc {
+	textOf := o.text
+	if textOf == nil {
+		textOf = func(i, n int) string { return text(i, n, o.TextSize) }
+	}
+	return func(ctx context.Context, i, n int) (sent, error) {
+		l := ids[i]
+		mid := strconv.Itoa(n)
+		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: l.chatID, ChatType: session.ChatDM,
+			UserID: l.userID, UserName: l.userName, MessageID: mid}
+		m := ingress.Message{Source: src, Text: textOf(i, n), DedupID: ingress.PlatformMsgID(session.PlatformHTTP, l.chatID, mid)}
+		start := time.Now()
+		acc, err := pub.Publish(ctx, m)
+		if err != nil {
+			return sent{}, err
+		}
+		if acc.Duplicate || acc.SessionKey != l.key {
+			return sent{}, fmt.Errorf("ingress publish: unexpected answer %+v (want session key %s, not a duplicate)", acc, l.key)
+		}
+		return sent{start: start, accepted: time.Now(), token: []byte(token(i, n)), seq: acc.Seq}, nil
+	}
 }
 
 // publishSender returns a sender that does what the HTTP adapter does for a
