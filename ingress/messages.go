@@ -85,14 +85,49 @@ func (s *Server) handlePostMessage(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, e)
 		return
 	}
-	s.log.LogAttrs(r.Context(), slog.LevelDebug, "message accepted",
-		slog.String("session_key", resp.SessionKey),
-		slog.String("subject", m.subject),
-		slog.String("kind", m.inbound.Kind),
-		slog.String("platform_msg_id", m.inbound.PlatformMsgID),
-		slog.Uint64("seq", resp.Seq),
-		slog.Bool("duplicate", resp.Duplicate))
-	writeJSON(w, http.StatusAccepted, resp)
+	if s.log.Enabled(r.Context(), slog.LevelDebug) {
+		s.log.LogAttrs(r.Context(), slog.LevelDebug, "message accepted",
+			slog.String("session_key", resp.SessionKey),
+			slog.String("subject", m.subject),
+			slog.String("kind", m.inbound.Kind),
+			slog.String("platform_msg_id", m.inbound.PlatformMsgID),
+			slog.Uint64("seq", resp.Seq),
+			slog.Bool("duplicate", resp.Duplicate))
+	}
+	writeAccepted(w, resp)
+}
+
+// writeAccepted answers 202 with resp, byte for byte what writeJSON would
+// write, without reflection when the session key needs no escaping.
+func writeAccepted(w http.ResponseWriter, resp *acceptResponse) {
+	if !plainJSONString(resp.SessionKey) {
+		writeJSON(w, http.StatusAccepted, resp)
+		return
+	}
+	b := make([]byte, 0, len(`{"session_key":"","seq":,"duplicate":false}`)+len(resp.SessionKey)+21)
+	b = append(b, `{"session_key":"`...)
+	b = append(b, resp.SessionKey...)
+	b = append(b, `","seq":`...)
+	b = strconv.AppendUint(b, resp.Seq, 10)
+	b = append(b, `,"duplicate":`...)
+	b = strconv.AppendBool(b, resp.Duplicate)
+	b = append(b, "}\n"...)
+	setJSONHeaders(w.Header())
+	w.WriteHeader(http.StatusAccepted)
+	_, _ = w.Write(b)
+}
+
+// plainJSONString reports whether encoding/json writes s as is between its
+// quotes: printable ASCII without '"', '\\' and the HTML characters it
+// escapes.
+func plainJSONString(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
 }
 
 // decodeMessage reads exactly one JSON object of known fields, at most max
@@ -144,6 +179,15 @@ func decodeMessageBody(body []byte) (*messageRequest, *apiError) {
 		}
 		return nil, badRequest("request body is not valid UTF-8 (at byte %d)", at)
 	}
+	if req, ok := decodeFlatMessage(body); ok {
+		return req, nil
+	}
+	return decodeStrict(body)
+}
+
+// decodeStrict is decodeMessageBody for any valid UTF-8 body, without the
+// fast path: it checks the member names, then decodes with encoding/json.
+func decodeStrict(body []byte) (*messageRequest, *apiError) {
 	if e := checkObjectFields(body, messageFields, ""); e != nil {
 		return nil, e
 	}
