@@ -447,6 +447,13 @@ type httpPost struct {
 
 // httpClientSender returns a sender that POSTs each message to url,
 // keeping one connection per lane. o.Text, when set, makes the texts.
+//
+// The client is the load generator, and its CPU counts in the fleet's CPU
+// per turn (one process): it does no more than a lean client would. The
+// request is parsed once and copied per message, each lane reuses its body
+// and answer buffers, the body is written without reflection and the
+// expected 202 answer is checked by comparing bytes (encoding/json reads
+// any other answer).
 func httpClientSender(o Options, ids []laneID, url string) (sendFunc, func()) {
 	tr := &http.Transport{MaxIdleConns: len(ids) + 1, MaxIdleConnsPerHost: len(ids) + 1, DisableCompression: true}
 	client := &http.Client{Transport: tr, Timeout: o.ReplyTimeout}
@@ -454,20 +461,100 @@ func httpClientSender(o Options, ids []laneID, url string) (sendFunc, func()) {
 	if textOf == nil {
 		textOf = func(i, n int) string { return text(i, n, o.TextSize) }
 	}
+	tmpl, tmplErr := http.NewRequest(http.MethodPost, url, nil)
+	if tmplErr == nil {
+		tmpl.Header = http.Header{"Content-Type": {"application/json"}}
+	}
+	type laneBufs struct {
+		body, answer bytes.Buffer
+		prefix       []byte // the 202 answer up to its seq
+	}
+	bufs := make([]laneBufs, len(ids))
+	for i, l := range ids {
+		bufs[i].prefix = fmt.Appendf(nil, `{"session_key":%s,"seq":`, mustJSON(l.key))
+	}
 	send := func(ctx context.Context, i, n int) (sent, error) {
-		l := ids[i]
-		body := mustJSON(httpPost{ChatID: l.chatID, ChatType: session.ChatDM, UserID: l.userID, UserName: l.userName,
-			MessageID: strconv.Itoa(n), Text: textOf(i, n)})
-		ab, start, accepted, err := postMessage(ctx, client, url, body)
+		if tmplErr != nil {
+			return sent{}, tmplErr
+		}
+		l, lb := ids[i], &bufs[i]
+		lb.body.Reset()
+		b := lb.body.AvailableBuffer()
+		b = append(b, `{"chat_id":`...)
+		b = appendJSONString(b, l.chatID)
+		b = append(b, `,"chat_type":`...)
+		b = appendJSONString(b, session.ChatDM)
+		b = append(b, `,"user_id":`...)
+		b = appendJSONString(b, l.userID)
+		b = append(b, `,"user_name":`...)
+		b = appendJSONString(b, l.userName)
+		b = append(b, `,"message_id":"`...)
+		b = strconv.AppendInt(b, int64(n), 10)
+		b = append(b, `","text":`...)
+		b = appendJSONString(b, textOf(i, n))
+		b = append(b, '}')
+		lb.body.Write(b)
+		body := lb.body.Bytes()
+
+		req := tmpl.WithContext(ctx)
+		req.ContentLength = int64(len(body))
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		start := time.Now()
+		resp, err := client.Do(req)
 		if err != nil {
 			return sent{}, err
 		}
-		if ab.Duplicate || ab.SessionKey != l.key {
+		lb.answer.Reset()
+		_, err = lb.answer.ReadFrom(resp.Body)
+		_ = resp.Body.Close()
+		accepted := time.Now()
+		if err != nil {
+			return sent{}, err
+		}
+		data := lb.answer.Bytes()
+		if resp.StatusCode != http.StatusAccepted {
+			return sent{}, fmt.Errorf("POST /v1/messages: %s: %s", resp.Status, bytes.TrimSpace(data))
+		}
+		seq, ok := acceptedSeq(data, lb.prefix)
+		if !ok {
+			var ab acceptBody
+			if err := json.Unmarshal(data, &ab); err != nil {
+				return sent{}, fmt.Errorf("POST /v1/messages: %w", err)
+			}
 			return sent{}, fmt.Errorf("POST /v1/messages: unexpected answer %+v (want session key %s, not a duplicate)", ab, l.key)
 		}
-		return sent{start: start, accepted: accepted, token: []byte(token(i, n)), seq: ab.Seq}, nil
+		return sent{start: start, accepted: accepted, token: []byte(token(i, n)), seq: seq}, nil
 	}
 	return send, tr.CloseIdleConnections
+}
+
+// acceptedSeq reads the seq of a 202 answer that is exactly prefix, the
+// seq, `,"duplicate":false}` and white space: the answer for the lane's
+// session key to a message that is not a duplicate.
+func acceptedSeq(data, prefix []byte) (uint64, bool) {
+	rest, ok := bytes.CutPrefix(data, prefix)
+	if !ok {
+		return 0, false
+	}
+	digits, tail, ok := bytes.Cut(rest, []byte(`,"duplicate":false}`))
+	if !ok || len(bytes.TrimSpace(tail)) != 0 {
+		return 0, false
+	}
+	seq, err := strconv.ParseUint(string(digits), 10, 64)
+	return seq, err == nil
+}
+
+// appendJSONString appends s as a JSON string, as encoding/json writes it.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return append(b, mustJSON(s)...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // postMessage POSTs body to url and returns the 202's answer, when the POST
