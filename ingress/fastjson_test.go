@@ -1,8 +1,6 @@
 package ingress
 
 import (
-	"net/http"
-	"net/http/httptest"
 	"reflect"
 	"testing"
 	"unicode/utf8"
@@ -98,25 +96,4 @@ func BenchmarkDecodeMessageBody(b *testing.B) {
 			}
 		}
 	})
-}
-
-// TestAcceptedAnswerIsWriteJSONs: the 202 written without reflection is
-// byte for byte writeJSON's, headers included, for keys that need escaping
-// too.
-func TestAcceptedAnswerIsWriteJSONs(t *testing.T) {
-	t.Parallel()
-	for _, resp := range []acceptResponse{
-		{SessionKey: "agent:main:http:dm:bench-1", Seq: 1},
-		{SessionKey: "agent:main:http:dm:c%3Ax", Seq: 18446744073709551615, Duplicate: true},
-		{SessionKey: `agent:main:http:dm:a<b>&"c"\d`, Seq: 7},
-		{SessionKey: "agent:main:http:dm:zoë\u2028", Seq: 0},
-		{SessionKey: "", Seq: 3},
-	} {
-		fast, slow := httptest.NewRecorder(), httptest.NewRecorder()
-		writeAccepted(fast, &resp)
-		writeJSON(slow, http.StatusAccepted, &resp)
-		if fast.Code != slow.Code || fast.Body.String() != slow.Body.String() || !reflect.DeepEqual(fast.Header(), slow.Header()) {
-			t.Errorf("%+v: wrote %d %v %q, writeJSON %d %v %q", resp, fast.Code, fast.Header(), fast.Body, slow.Code, slow.Header(), slow.Body)
-		}
-	}
 }

@@ -94,40 +94,7 @@ func (s *Server) handlePostMessage(w http.ResponseWriter, r *http.Request) {
 			slog.Uint64("seq", resp.Seq),
 			slog.Bool("duplicate", resp.Duplicate))
 	}
-	writeAccepted(w, resp)
-}
-
-// writeAccepted answers 202 with resp, byte for byte what writeJSON would
-// write, without reflection when the session key needs no escaping.
-func writeAccepted(w http.ResponseWriter, resp *acceptResponse) {
-	if !plainJSONString(resp.SessionKey) {
-		writeJSON(w, http.StatusAccepted, resp)
-		return
-	}
-	b := make([]byte, 0, len(`{"session_key":"","seq":,"duplicate":false}`)+len(resp.SessionKey)+21)
-	b = append(b, `{"session_key":"`...)
-	b = append(b, resp.SessionKey...)
-	b = append(b, `","seq":`...)
-	b = strconv.AppendUint(b, resp.Seq, 10)
-	b = append(b, `,"duplicate":`...)
-	b = strconv.AppendBool(b, resp.Duplicate)
-	b = append(b, "}\n"...)
-	setJSONHeaders(w.Header())
-	w.WriteHeader(http.StatusAccepted)
-	_, _ = w.Write(b)
-}
-
-// plainJSONString reports whether encoding/json writes s as is between its
-// quotes: printable ASCII without '"', '\\' and the HTML characters it
-// escapes.
-func plainJSONString(s string) bool {
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':
-			return false
-		}
-	}
-	return true
+	writeJSON(w, http.StatusAccepted, resp)
 }
 
 // decodeMessage reads exactly one JSON object of known fields, at most max
