@@ -347,11 +347,13 @@ func (ix *Indexer) runOnce(ctx context.Context) error {
 	var mg idleMerge
 	if ix.cfg.MergeIdle > 0 {
 		if err := ix.db.prepareMerge(ctx); err != nil {
-			return err
+			// Merging is an optimisation: index without it.
+			ix.log.Warn("indexer: full-text merge disabled", slog.Any("error", err))
+		} else {
+			idle = time.NewTimer(ix.cfg.MergeIdle)
+			defer idle.Stop()
+			idleC = idle.C
 		}
-		idle = time.NewTimer(ix.cfg.MergeIdle)
-		defer idle.Stop()
-		idleC = idle.C
 	}
 	received := func() {
 		if idle != nil {
