@@ -80,7 +80,7 @@ func dsn(path string, readOnly bool, mmap int64) string {
 	// Read connections map the file (mmap_size): a page is read from the
 	// mapping instead of copied into the connection's cache by a read
 	// system call, which for a search (a thousand candidate rows spread
-	// over the file) was most of its cost.
+	// over the file) was a large part of its CPU time.
 	if mmap > 0 {
 		q.Add("_pragma", fmt.Sprintf("mmap_size(%d)", mmap))
 	}
