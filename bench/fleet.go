@@ -651,6 +651,25 @@ func publishSender(o Options, ids []laneID, js jetstream.JetStream, res *broker.
 	}
 }
 
+// onlyInternalAfter checks that every message of subject stored after seq
+// from, up to seq to, is one of the fleet's internal messages.
+func onlyInternalAfter(ctx context.Context, st jetstream.Stream, subject string, from, to uint64) error {
+	for seq := from + 1; seq <= to; {
+		raw, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if err != nil {
+			return fmt.Errorf("read %s after seq %d: %w", subject, seq-1, err)
+		}
+		if raw.Sequence > to {
+			return nil
+		}
+		if k := raw.Header.Get(broker.HdrKind); k != session.KindInternal {
+			return fmt.Errorf("seq %d of %s is a %q message the bench did not send", raw.Sequence, subject, k)
+		}
+		seq = raw.Sequence + 1
+	}
+	return nil
+}
+
 // verify checks, after the workers stopped, that the outbox (and the
 // mailboxes) hold exactly one reply per message sent, and that every lane
 // committed its last message with no turn left in flight.
@@ -677,6 +696,15 @@ func verify(ctx context.Context, o Options, ids []laneID, d *driver, res *broker
 		e, _, err := store.Get(ctx, l.lane)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("lane %d: %w", i, err))
+			continue
+		}
+		if e.CommittedSeq > d.lastSeq[i] && e.Turn == nil {
+			// The fleet's own wake-ups (a lease that ran out, a drain) are
+			// stored in the lane's inbox too, after the bench's last
+			// message: committing them is right, anything else is not.
+			if err := onlyInternalAfter(ctx, res.Inbox, l.inbox, d.lastSeq[i], e.CommittedSeq); err != nil {
+				errs = append(errs, fmt.Errorf("lane %d: committed seq %d, want %d: %w", i, e.CommittedSeq, d.lastSeq[i], err))
+			}
 			continue
 		}
 		if e.CommittedSeq != d.lastSeq[i] || e.Turn != nil {
