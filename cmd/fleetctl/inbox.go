@@ -28,9 +28,9 @@ type inboxReport struct {
 	// ClosedSince is when the earliest of the moving partitions closed:
 	// publishes to them wait (the ingress answers 503 past its publish
 	// timeout) until the migration ends.
-	ClosedSince time.Time             `json:"closed_since,omitzero"`
-	Revision  uint64              `json:"revision"`
-	PerStream []inboxStreamReport `json:"per_stream"`
+	ClosedSince time.Time           `json:"closed_since,omitzero"`
+	Revision    uint64              `json:"revision"`
+	PerStream   []inboxStreamReport `json:"per_stream"`
 }
 
 func inboxCommand() *cli.Command {
