@@ -200,12 +200,19 @@ type migration struct {
 	rev    uint64
 }
 
+// load reads the map from its stream's leader: a direct get may be answered
+// by a replica that lags behind the last step written.
 func (mg *migration) load(ctx context.Context) error {
-	m, rev, err := broker.ReadInboxMap(ctx, mg.bucket)
+	bucket := mg.f.Names.InboxMapBucket()
+	lm, err := broker.LeaderGet(ctx, mg.f.JS, "KV_"+bucket, broker.LeaderGetRequest{LastBySubject: "$KV." + bucket + "." + broker.InboxMapKey})
 	if err != nil {
 		return fmt.Errorf("read inbox map: %w", err)
 	}
-	mg.m, mg.rev = m, rev
+	m, err := broker.DecodeInboxMap(lm.Data)
+	if err != nil {
+		return fmt.Errorf("read inbox map: %w", err)
+	}
+	mg.m, mg.rev = m, lm.Sequence
 	return nil
 }
 
@@ -216,7 +223,7 @@ func (mg *migration) write(ctx context.Context, next broker.InboxMap) error {
 	}
 	rev, err := mg.bucket.Update(ctx, broker.InboxMapKey, next.Encode(), mg.rev)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) || strings.Contains(err.Error(), "wrong last sequence") {
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) || strings.Contains(err.Error(), "wrong last sequence") {
 			return fmt.Errorf("%w: %v", ErrMapChanged, err)
 		}
 		return fmt.Errorf("write inbox map: %w", err)
@@ -399,7 +406,7 @@ func (mg *migration) purge(ctx context.Context) (map[int]bool, error) {
 				return nil, fmt.Errorf("purge partition %d from %s up to %d: %w", mv.P, name, b, err)
 			}
 		}
-		seq, found, err := nextOf(ctx, st, subj, 1)
+		seq, found, err := nextOf(ctx, f.JS, name, subj, 1)
 		if err != nil {
 			return nil, fmt.Errorf("partition %d in %s after its purge: %w", mv.P, name, err)
 		}
@@ -416,9 +423,24 @@ func (mg *migration) purge(ctx context.Context) (map[int]bool, error) {
 }
 
 // nextOf is the seq of the first message on subj (a wildcard) at or after
-// seq in st.
-func nextOf(ctx context.Context, st jetstream.Stream, subj string, seq uint64) (uint64, bool, error) {
-	m, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+// seq in stream, read from the stream's leader: a direct get may be
+// answered by a replica that lags, and its "none" would purge or move on
+// too early.
+func nextOf(ctx context.Context, js jetstream.JetStream, stream, subj string, seq uint64) (uint64, bool, error) {
+	m, err := broker.LeaderGet(ctx, js, stream, broker.LeaderGetRequest{Seq: seq, NextBySubject: subj})
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	return m.Sequence, true, nil
+}
+
+// lastOf is the seq of the last message on subj in stream, from the
+// stream's leader (see nextOf); false when there is none.
+func lastOf(ctx context.Context, js jetstream.JetStream, stream, subj string) (uint64, bool, error) {
+	m, err := broker.LeaderGet(ctx, js, stream, broker.LeaderGetRequest{LastBySubject: subj})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, false, nil
 	}
@@ -444,7 +466,8 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move) (map[int]ui
 			if _, ok := bounds[mv.P]; ok {
 				continue
 			}
-			st, err := f.JS.Stream(ctx, f.Names.InboxStreamAt(mv.From))
+			name := f.Names.InboxStreamAt(mv.From)
+			st, err := f.JS.Stream(ctx, name)
 			if err != nil {
 				return nil, drainErr(ctx, err)
 			}
@@ -461,14 +484,14 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move) (map[int]ui
 			prefix := fmt.Sprintf("%s.in.%d.", f.Names.Prefix(), mv.P)
 			ok := true
 			for subj := range info.State.Subjects {
-				last, err := st.GetLastMsgForSubject(ctx, subj)
-				if errors.Is(err, jetstream.ErrMsgNotFound) {
-					continue // purged since (pruned)
-				}
+				last, found, err := lastOf(ctx, f.JS, name, subj)
 				if err != nil {
 					return nil, drainErr(ctx, err)
 				}
-				if done[subj] >= last.Sequence {
+				if !found {
+					continue // purged since (pruned)
+				}
+				if done[subj] >= last {
 					continue
 				}
 				lane := strings.TrimPrefix(subj, prefix)
@@ -476,8 +499,8 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move) (map[int]ui
 				if err != nil && !errors.Is(err, kv.ErrNotFound) {
 					return nil, drainErr(ctx, err)
 				}
-				if e != nil && e.InboxID == id && e.CommittedSeq >= last.Sequence {
-					done[subj] = last.Sequence
+				if e != nil && e.InboxID == id && e.CommittedSeq >= last {
+					done[subj] = last
 					continue
 				}
 				ok = false
@@ -489,7 +512,7 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move) (map[int]ui
 			}
 			// Stored after the bound (after the close): not covered by
 			// it; the next round takes a later bound.
-			if seq, found, err := nextOf(ctx, st, f.Names.InboxPartitionSubject(mv.P), bound+1); err != nil {
+			if seq, found, err := nextOf(ctx, f.JS, name, f.Names.InboxPartitionSubject(mv.P), bound+1); err != nil {
 				return nil, drainErr(ctx, err)
 			} else if found {
 				left++
