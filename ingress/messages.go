@@ -25,6 +25,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/telemetry"
 )
@@ -551,13 +552,13 @@ func (s *Server) lookupMsgID(rctx context.Context, pmid string) (seq uint64, fou
 	if err != nil {
 		return 0, false, false, fmt.Errorf("get msgid %s: %w", pmid, err)
 	}
-	seq, err = strconv.ParseUint(string(e.Value()), 10, 64)
+	r, err := kv.ParseMsgRef(e.Value())
 	if err != nil {
 		s.log.LogAttrs(rctx, slog.LevelWarn, "replacing unreadable msgids record",
 			slog.String("platform_msg_id", pmid), slog.String("value", string(e.Value())))
 		return 0, false, true, nil
 	}
-	return seq, true, false, nil
+	return r.Seq, true, false, nil
 }
 
 // platformMsgID is "<platform>:<chat_id>:<message_id>". '%' and ':' inside
