@@ -98,7 +98,8 @@ compose-down:
 	$(COMPOSE) down -v --remove-orphans
 
 # The cluster tests (test/compose): each run brings up its own stack under
-# a unique project name and removes it afterwards (the image is built here
+# a unique project name (prefixed with $COMPOSE_PROJECT_NAME when set) and
+# removes it afterwards (the image is built here
 # once, so the tests do not build it again: COMPOSE_SKIP_IMAGE=1).
 # COMPOSE_LOG_DIR=dir keeps every service's whole log under dir/<project>.
 # COMPOSE_MESSAGES sets the chaos run's size (default 2000; docs/benchmarks.md uses 10000),

@@ -37,22 +37,22 @@ func TestMsgIDs(t *testing.T) {
 	}
 	for i, id := range ids {
 		seq := uint64(100 + i)
-		got, err := m.Record(ctx, id, seq)
+		got, err := m.Claim(ctx, id, kv.MsgRef{Seq: seq})
 		if err != nil {
-			t.Fatalf("Record(%q): %v", id, err)
+			t.Fatalf("Claim(%q): %v", id, err)
 		}
-		if got != seq {
-			t.Errorf("first Record(%q, %d) = %d, want %d", id, seq, got, seq)
+		if got.Seq != seq {
+			t.Errorf("first Claim(%q, %d) = %d, want %d", id, seq, got.Seq, seq)
 		}
 	}
 	for i, id := range ids {
 		first := uint64(100 + i)
-		got, err := m.Record(ctx, id, 9999)
+		got, err := m.Claim(ctx, id, kv.MsgRef{Seq: 9999})
 		if err != nil {
-			t.Fatalf("second Record(%q): %v", id, err)
+			t.Fatalf("second Claim(%q): %v", id, err)
 		}
-		if got != first {
-			t.Errorf("duplicate Record(%q) = %d, want the first seq %d", id, got, first)
+		if got.Seq != first {
+			t.Errorf("duplicate Claim(%q) = %d, want the first seq %d", id, got.Seq, first)
 		}
 		seq, ok, err := m.Lookup(ctx, id)
 		if err != nil || !ok || seq != first {
@@ -86,14 +86,14 @@ func TestMsgIDsRace(t *testing.T) {
 	}
 	for round := range 5 {
 		id := fmt.Sprintf("race:%d", round)
-		got := make([]uint64, writers)
+		got := make([]kv.MsgRef, writers)
 		errs := make([]error, writers)
 		var wg sync.WaitGroup
 		for w := range writers {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				got[w], errs[w] = stores[w].Record(ctx, id, uint64(w+1))
+				got[w], errs[w] = stores[w].Claim(ctx, id, kv.MsgRef{Seq: uint64(w + 1)})
 			}()
 		}
 		wg.Wait()
@@ -105,17 +105,58 @@ func TestMsgIDsRace(t *testing.T) {
 				t.Fatalf("round %d: writers were told %v, want one winner", round, got)
 			}
 		}
-		if seq, ok, err := stores[0].Lookup(ctx, id); err != nil || !ok || seq != got[0] {
-			t.Errorf("Lookup = %d, %v, %v; want %d", seq, ok, err, got[0])
+		if seq, ok, err := stores[0].Lookup(ctx, id); err != nil || !ok || seq != got[0].Seq {
+			t.Errorf("Lookup = %d, %v, %v; want %d", seq, ok, err, got[0].Seq)
 		}
 	}
 }
 
-// TestMsgIDsRecordAsync: a claim whose create is sent without waiting
-// answers as Record does: the first seq owns the id, a later seq gets the
-// first's, the same seq again gets itself (idempotent), several waiters
-// get one answer, and an id whose record was deleted is claimed again.
-func TestMsgIDsRecordAsync(t *testing.T) {
+// TestMsgIDsNameTheStream: a record names the inbox stream its seq counts
+// in, so the same seq in another stream (a platform retry that landed in
+// the new stream of a moved partition) is another message; a record
+// written before records named their stream is judged by its seq alone.
+func TestMsgIDsNameTheStream(t *testing.T) {
+	t.Parallel()
+	ev := newEnv(t)
+	ctx := testCtx(t)
+	_, res := ev.connect(t)
+	m := kv.NewMsgIDs(res)
+
+	first := kv.MsgRef{Seq: 5, Inbox: "stream-a"}
+	if got, err := m.Claim(ctx, "http:c:1", first); err != nil || got != first {
+		t.Fatalf("Claim = %+v, %v; want %+v", got, err, first)
+	}
+	if got, err := m.Claim(ctx, "http:c:1", first); err != nil || !got.Same(first) {
+		t.Fatalf("Claim again = %+v, %v; want %+v", got, err, first)
+	}
+	retry := kv.MsgRef{Seq: 5, Inbox: "stream-b"}
+	got, err := m.Claim(ctx, "http:c:1", retry)
+	if err != nil || got != first || got.Same(retry) {
+		t.Fatalf("Claim of the same seq in another stream = %+v (same: %v), %v; want %+v, another message", got, got.Same(retry), err, first)
+	}
+	if r, ok, err := m.Find(ctx, "http:c:1"); err != nil || !ok || r != first {
+		t.Fatalf("Find = %+v, %v, %v", r, ok, err)
+	}
+
+	// An older record: the seq alone.
+	if _, err := res.MsgIDs.Put(ctx, m.Key("http:c:2"), []byte("7")); err != nil {
+		t.Fatal(err)
+	}
+	got, err = m.Claim(ctx, "http:c:2", kv.MsgRef{Seq: 7, Inbox: "stream-b"})
+	if err != nil || got != (kv.MsgRef{Seq: 7}) || !got.Same(kv.MsgRef{Seq: 7, Inbox: "stream-b"}) || got.Same(kv.MsgRef{Seq: 8, Inbox: "stream-b"}) {
+		t.Fatalf("Claim over an older record = %+v, %v", got, err)
+	}
+	if seq, ok, err := m.Lookup(ctx, "http:c:1"); err != nil || !ok || seq != 5 {
+		t.Fatalf("Lookup = %d, %v, %v", seq, ok, err)
+	}
+}
+
+// TestMsgIDsClaimAsync: a claim whose create is sent without waiting
+// answers as Claim does: the first message owns the id, a later one gets
+// the first's, the same message again gets itself (idempotent), several
+// waiters get one answer, and an id whose record was deleted is claimed
+// again.
+func TestMsgIDsClaimAsync(t *testing.T) {
 	t.Parallel()
 	ev := newEnv(t)
 	ctx := testCtx(t)
@@ -127,31 +168,35 @@ func TestMsgIDsRecordAsync(t *testing.T) {
 	m := kv.NewMsgIDsAsync(res, ajs)
 	for i := range 10 {
 		id := fmt.Sprintf("telegram:-100123:%d", i)
-		first := uint64(100 + i)
-		c := m.RecordAsync(id, first)
+		first := kv.MsgRef{Seq: uint64(100 + i), Inbox: "stream-a"}
+		c := m.ClaimAsync(id, first)
 		var wg sync.WaitGroup
 		for range 3 {
 			wg.Go(func() {
 				if got, err := c.Wait(ctx); err != nil || got != first {
-					t.Errorf("RecordAsync(%q, %d).Wait = %d, %v; want %d", id, first, got, err, first)
+					t.Errorf("ClaimAsync(%q, %+v).Wait = %+v, %v; want %+v", id, first, got, err, first)
 				}
 			})
 		}
 		wg.Wait()
-		if got, err := m.RecordAsync(id, 9999).Wait(ctx); err != nil || got != first {
-			t.Errorf("later RecordAsync(%q) = %d, %v; want the first seq %d", id, got, err, first)
+		if got, err := m.ClaimAsync(id, kv.MsgRef{Seq: 9999, Inbox: "stream-a"}).Wait(ctx); err != nil || got != first {
+			t.Errorf("later ClaimAsync(%q) = %+v, %v; want the first %+v", id, got, err, first)
 		}
-		if got, err := m.RecordAsync(id, first).Wait(ctx); err != nil || got != first {
-			t.Errorf("RecordAsync(%q, %d) again = %d, %v; want %d", id, first, got, err, first)
+		if got, err := m.ClaimAsync(id, kv.MsgRef{Seq: first.Seq, Inbox: "stream-b"}).Wait(ctx); err != nil || got != first {
+			t.Errorf("ClaimAsync(%q) at the same seq in another stream = %+v, %v; want the first %+v", id, got, err, first)
+		}
+		if got, err := m.ClaimAsync(id, first).Wait(ctx); err != nil || got != first {
+			t.Errorf("ClaimAsync(%q, %+v) again = %+v, %v; want it", id, first, got, err)
 		}
 	}
 	// A deleted record (a delete marker is the key's last message) is
-	// claimed again by the next seq.
+	// claimed again by the next message.
 	id := "telegram:-100123:0"
 	if err := res.MsgIDs.Delete(ctx, m.Key(id)); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := m.RecordAsync(id, 500).Wait(ctx); err != nil || got != 500 {
-		t.Errorf("RecordAsync after delete = %d, %v; want 500", got, err)
+	next := kv.MsgRef{Seq: 500, Inbox: "stream-a"}
+	if got, err := m.ClaimAsync(id, next).Wait(ctx); err != nil || got != next {
+		t.Errorf("ClaimAsync after delete = %+v, %v; want %+v", got, err, next)
 	}
 }

@@ -8,7 +8,10 @@ import (
 )
 
 // msgidClaims are the msgids claims of a step's messages, in flight.
-type msgidClaims map[uint64]*kv.Claim
+type msgidClaims map[uint64]*kv.PendingClaim
+
+// ref names m in the msgids record: its seq and its inbox stream.
+func (m inboxMsg) ref() kv.MsgRef { return kv.MsgRef{Seq: m.seq, Inbox: m.inboxID} }
 
 // prefetchMsgIDs starts the msgids claim of every message with a platform
 // message id; nil when there is none. A claim is idempotent (the same id and
@@ -23,41 +26,41 @@ type msgidClaims map[uint64]*kv.Claim
 // message is incorporated at its first seq, in order, and the copy skipped.
 func (l *lane) prefetchMsgIDs(msgs []inboxMsg) msgidClaims {
 	var out msgidClaims
-	var first map[string]*kv.Claim
+	var first map[string]*kv.PendingClaim
 	for _, m := range msgs {
 		id := m.body.PlatformMsgID
 		if id == "" {
 			continue
 		}
 		if out == nil {
-			out = msgidClaims{}
+			out, first = msgidClaims{}, map[string]*kv.PendingClaim{}
 		}
 		if f := first[id]; f != nil {
 			out[m.seq] = f
 			continue
 		}
-		if first == nil {
-			first = map[string]*kv.Claim{}
-		}
-		c := l.w.msgids.RecordAsync(id, m.seq)
+		c := l.w.msgids.ClaimAsync(id, m.ref())
 		first[id] = c
 		out[m.seq] = c
 	}
 	return out
 }
 
-// claimMsgID claims m's platform message id for m's seq and returns the seq
-// that owns it, from the prefetched claims when there is one.
-func (l *lane) claimMsgID(m inboxMsg) (uint64, error) {
+// claimMsgID claims m's platform message id for m (its seq in its inbox
+// stream) and returns the message that owns it, from the prefetched claims
+// when there is one.
+func (l *lane) claimMsgID(m inboxMsg) (kv.MsgRef, error) {
 	if c := l.msgids[m.seq]; c != nil {
 		return c.Wait(context.WithoutCancel(l.ctx))
 	}
-	return l.w.msgids.Record(context.WithoutCancel(l.ctx), m.body.PlatformMsgID, m.seq)
+	return l.w.msgids.Claim(context.WithoutCancel(l.ctx), m.body.PlatformMsgID, m.ref())
 }
 
 // duplicate reports whether m repeats a platform message already
 // incorporated under another inbox seq (a platform retry that reached the
-// inbox again after the stream's de-duplication window). It claims the id for
+// inbox again after the stream's de-duplication window, or in another inbox
+// stream after its partition moved: the record names the stream, since two
+// streams use the same seqs). It claims the id for
 // m otherwise: the worker, not the ingress, writes the msgids record, in one
 // round trip (a create, and a read only when the id is taken). The ingress
 // reads the record before it publishes, so a retry that comes after the
@@ -75,11 +78,12 @@ func (l *lane) duplicate(m inboxMsg) (bool, error) {
 		l.log.Warn("record message id", slog.Any("error", err))
 		return false, err
 	}
-	if owner == m.seq {
+	if owner.Same(m.ref()) {
 		return false, nil
 	}
-	l.log.Info("duplicate platform message not run", slog.String("platform_msg_id", id), slog.Uint64("seq", m.seq), slog.Uint64("first_seq", owner))
-	w.event("duplicate", l.lane, map[string]any{"seq": m.seq, "first_seq": owner, "platform_msg_id": id})
+	l.log.Info("duplicate platform message not run", slog.String("platform_msg_id", id), slog.Uint64("seq", m.seq),
+		slog.Uint64("first_seq", owner.Seq), slog.String("first_inbox_id", owner.Inbox))
+	w.event("duplicate", l.lane, map[string]any{"seq": m.seq, "first_seq": owner.Seq, "first_inbox_id": owner.Inbox, "platform_msg_id": id})
 	return true, nil
 }
 
@@ -97,6 +101,6 @@ func (l *lane) duplicateCopy(ctx context.Context, m *inboxMsg) bool {
 	if id == "" {
 		return false
 	}
-	owner, found, err := l.w.msgids.Lookup(context.WithoutCancel(ctx), id)
-	return err == nil && found && owner != m.seq
+	owner, found, err := l.w.msgids.Find(context.WithoutCancel(ctx), id)
+	return err == nil && found && !owner.Same(m.ref())
 }

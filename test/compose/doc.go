@@ -7,7 +7,8 @@
 //	make compose-test                        # builds the image, runs them
 //	go test -tags compose -v ./test/compose  # the same, image already built
 //
-// Each run brings up its own stack under a unique compose project name, on
+// Each run brings up its own stack under a unique compose project name
+// ($COMPOSE_PROJECT_NAME followed by a random suffix when it is set), on
 // free loopback ports, and removes it (containers, network, volumes) when it
 // ends. COMPOSE_MESSAGES sets how many messages the chaos run posts (at
 // least; default 2000), COMPOSE_LANES over how many lanes (default 40),

@@ -106,7 +106,14 @@ func newStack(t *testing.T) *stack {
 	t.Helper()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	s := &stack{t: t, root: repoRoot(t), project: "afct" + hex.EncodeToString(b[:]),
+	// COMPOSE_PROJECT_NAME, when set, is the project name's prefix (so a
+	// caller can tell its stacks from others'); the suffix keeps each run's
+	// name unique.
+	prefix := "afct"
+	if p := os.Getenv("COMPOSE_PROJECT_NAME"); p != "" {
+		prefix = p + "-"
+	}
+	s := &stack{t: t, root: repoRoot(t), project: prefix + hex.EncodeToString(b[:]),
 		names: broker.MustNames(broker.DefaultPrefix), ids: map[string]string{}}
 	ports := map[string]int{}
 	for _, k := range []string{"INGRESS1_PORT", "INGRESS2_PORT", "NATS1_PORT", "NATS2_PORT", "NATS3_PORT"} {
