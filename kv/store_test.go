@@ -140,7 +140,6 @@ func TestMutate(t *testing.T) {
 func TestMutateFence(t *testing.T) {
 	t.Parallel()
 	ev := newEnv(t)
-	ctx := testCtx(t)
 	st := ev.store(t, nil)
 	stored := &session.SessionEntry{SessionKey: "k", Owner: "w1/aaaa", LeaseEpoch: 7}
 
@@ -162,6 +161,9 @@ func TestMutateFence(t *testing.T) {
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
+			// Each subtest's own deadline: parallel subtests wait for a
+			// slot after the parent returns, on a busy machine for long.
+			ctx := testCtx(t)
 			lane := fmt.Sprintf("fence.%d", i)
 			var rev0 uint64
 			if !tc.absent {
@@ -199,6 +201,7 @@ func TestMutateFence(t *testing.T) {
 	// new owner, and nothing is written.
 	t.Run("zombie with a stale cache", func(t *testing.T) {
 		t.Parallel()
+		ctx := testCtx(t)
 		lane := "fence.zombie"
 		mine := &session.SessionEntry{SessionKey: "k", Owner: "w1/aaaa", LeaseEpoch: 7}
 		myRev := overwrite(t, st, lane, mine)
@@ -229,7 +232,11 @@ func TestMutateFence(t *testing.T) {
 // 400 and the 400 successful writes returned the counts 1..400 exactly once.
 func runIncrements(t *testing.T, newStore func() *kv.Store) {
 	const writers, each = 8, 50
-	ctx := testCtx(t)
+	// 400 contended compare-and-set writes, on R3 with each one replicated:
+	// at a load average of 20 they have taken most of a minute, so this
+	// deadline is wider than testCtx's.
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
 	stores := make([]*kv.Store, writers)
 	for i := range stores {
 		stores[i] = newStore()
