@@ -22,7 +22,35 @@ type arrival struct {
 	at     time.Time
 	data   []byte
 	turnID string
+	// subject and msgID (the Nats-Msg-Id header) say which stored message
+	// the reply is: a stray is judged by them (see judgeStrays).
+	subject, msgID string
 }
+
+// stray is a reply that matched no message in flight.
+type stray struct {
+	lane int // -1: a subject of no lane
+	// n and seq are the lane's message in flight when it arrived.
+	n              int
+	seq            uint64
+	subject, msgID string
+	turnID         string
+	text           string // the start of the reply
+	// answered is true when the lane already took a reply with this Msg-Id
+	// (the stray is a second publish of an answered reply).
+	answered bool
+}
+
+func (s stray) String() string {
+	if s.lane < 0 {
+		return fmt.Sprintf("a reply on %s, a subject of no lane (Msg-Id %q, turn %q): %q", s.subject, s.msgID, s.turnID, s.text)
+	}
+	return fmt.Sprintf("lane %d, in flight message %d (inbox seq %d): a reply on %s with Msg-Id %q (turn %q, already answered with it: %t): %q",
+		s.lane, s.n, s.seq, s.subject, s.msgID, s.turnID, s.answered, s.text)
+}
+
+// maxStrays bounds the strays the driver keeps the details of.
+const maxStrays = 32
 
 // sent is what a sendFunc reports about one message.
 type sent struct {
@@ -61,6 +89,11 @@ type driver struct {
 	inbox   []chan arrival
 	strays  atomic.Int64
 	dropped atomic.Int64
+	// strayMu guards strayList, the details of the first maxStrays strays.
+	strayMu   sync.Mutex
+	strayList []stray
+	// answered are, per lane, the Msg-Ids of the replies it took.
+	answered []map[string]struct{}
 	// done counts completed turns (warm-up included), for progress reports.
 	done atomic.Int64
 	// Per lane, written by the lane's goroutine, read after run returns.
@@ -74,16 +107,18 @@ type driver struct {
 
 func newDriver(o Options, label string, replySubjects []string) *driver {
 	d := &driver{
-		o:       o,
-		label:   label,
-		index:   make(map[string]int, len(replySubjects)),
-		inbox:   make([]chan arrival, len(replySubjects)),
-		sent:    make([]int, len(replySubjects)),
-		lastSeq: make([]uint64, len(replySubjects)),
-		seqs:    make([][]uint64, len(replySubjects)),
+		o:        o,
+		label:    label,
+		index:    make(map[string]int, len(replySubjects)),
+		inbox:    make([]chan arrival, len(replySubjects)),
+		sent:     make([]int, len(replySubjects)),
+		lastSeq:  make([]uint64, len(replySubjects)),
+		seqs:     make([][]uint64, len(replySubjects)),
+		answered: make([]map[string]struct{}, len(replySubjects)),
 	}
 	for i, s := range replySubjects {
 		d.index[s] = i
+		d.answered[i] = make(map[string]struct{})
 		d.inbox[i] = make(chan arrival, 64)
 	}
 	return d
@@ -93,20 +128,40 @@ func newDriver(o Options, label string, replySubjects []string) *driver {
 // hands it to its lane.
 func (d *driver) onReply(m *nats.Msg) {
 	at := time.Now()
-	i, ok := d.index[m.Subject]
-	if !ok {
-		d.strays.Add(1)
-		return
-	}
-	var turnID string
+	var turnID, msgID string
 	if m.Header != nil {
 		turnID = m.Header.Get(broker.HdrTurnID)
+		msgID = m.Header.Get(jetstream.MsgIDHeader)
+	}
+	i, ok := d.index[m.Subject]
+	if !ok {
+		d.addStray(stray{lane: -1, subject: m.Subject, msgID: msgID, turnID: turnID, text: head(m.Data)})
+		return
 	}
 	select {
-	case d.inbox[i] <- arrival{at: at, data: m.Data, turnID: turnID}:
+	case d.inbox[i] <- arrival{at: at, data: m.Data, turnID: turnID, subject: m.Subject, msgID: msgID}:
 	default:
 		d.dropped.Add(1)
 	}
+}
+
+// addStray counts a stray and keeps its details.
+func (d *driver) addStray(s stray) {
+	d.strays.Add(1)
+	d.strayMu.Lock()
+	defer d.strayMu.Unlock()
+	if len(d.strayList) < maxStrays {
+		d.strayList = append(d.strayList, s)
+	}
+}
+
+// head is the start of a reply, for an error message.
+func head(data []byte) string {
+	const n = 120
+	if len(data) > n {
+		return string(data[:n]) + "..."
+	}
+	return string(data)
 }
 
 // observe subscribes the driver to subject on nc (its own connection, so the
@@ -137,8 +192,13 @@ func (d *driver) turn(ctx context.Context, send sendFunc, timer *time.Timer, i, 
 		select {
 		case a := <-d.inbox[i]:
 			if s.token != nil && !bytes.Contains(a.data, s.token) {
-				d.strays.Add(1)
+				_, answered := d.answered[i][a.msgID]
+				d.addStray(stray{lane: i, n: n, seq: s.seq, subject: a.subject, msgID: a.msgID, turnID: a.turnID,
+					text: head(a.data), answered: answered && a.msgID != ""})
 				continue
+			}
+			if a.msgID != "" {
+				d.answered[i][a.msgID] = struct{}{}
 			}
 			d.done.Add(1)
 			return sample{accept: a.at.Sub(s.accepted), round: a.at.Sub(s.start), at: a.at, accepted: s.accepted,

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -297,7 +298,9 @@ func runFleet(ctx context.Context, e *env, o Options, x fleetExtra) (Result, err
 	}
 	perTurn(&r, tp)
 	if o.Verify {
-		if err := verify(ctx, o, ids, d, ires, names); err != nil {
+		republished, err := verify(ctx, o, ids, d, ires, names)
+		r.Republished = republished
+		if err != nil {
 			return r, err
 		}
 		r.Verified = true
@@ -371,7 +374,8 @@ func remoteThroughput(ctx context.Context, o Options) (Result, error) {
 		// verify until it holds or a deadline passes.
 		deadline := time.Now().Add(15 * time.Second)
 		for {
-			err := verify(ctx, o, ids, d, res, names)
+			republished, err := verify(ctx, o, ids, d, res, names)
+			r.Republished = republished
 			if err == nil {
 				break
 			}
@@ -673,7 +677,10 @@ func onlyInternalAfter(ctx context.Context, st jetstream.Stream, subject string,
 // verify checks, after the workers stopped, that the outbox (and the
 // mailboxes) hold exactly one reply per message sent, and that every lane
 // committed its last message with no turn left in flight.
-func verify(ctx context.Context, o Options, ids []laneID, d *driver, res *broker.Resources, names broker.Names) error {
+//
+// It returns the strays that were re-publishes the outbox refused (see
+// judgeStrays).
+func verify(ctx context.Context, o Options, ids []laneID, d *driver, res *broker.Resources, names broker.Names) (int64, error) {
 	var errs []error
 	check := func(filter string, subjectOf func(laneID) string) {
 		info, err := res.Outbox.Info(ctx, jetstream.WithSubjectFilter(filter))
@@ -711,11 +718,77 @@ func verify(ctx context.Context, o Options, ids []laneID, d *driver, res *broker
 			errs = append(errs, fmt.Errorf("lane %d: committed seq %d (turn in flight: %t), want %d", i, e.CommittedSeq, e.Turn != nil, d.lastSeq[i]))
 		}
 	}
-	if s := d.strays.Load(); s != 0 {
-		errs = append(errs, fmt.Errorf("%d stray replies (duplicates or replies to no message in flight)", s))
+	republished, err := judgeStrays(ctx, d, res.Outbox)
+	if err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("bench: verify: %w", errors.Join(errs...))
+		return republished, fmt.Errorf("bench: verify: %w", errors.Join(errs...))
 	}
-	return nil
+	return republished, nil
+}
+
+// judgeStrays tells the strays a user would never see from the others. The
+// observer is a core subscription: it sees every publish on the outbox,
+// also a second publish of a reply (the same Msg-Id) that the stream
+// refused as a duplicate and so never delivers. A worker sends one when it
+// finishes a turn again after its first attempt had published the reply
+// (a failed commit retried, a lane taken over): by design, the Msg-Id keeps
+// it from the platforms. A stray is such a re-publish when its lane had
+// already taken a reply with its Msg-Id and the outbox stores exactly one
+// message with it on its subject; judgeStrays returns how many strays
+// were, and an error naming every other one (a stored duplicate, a reply
+// to nothing sent, a reply on a subject of no lane).
+func judgeStrays(ctx context.Context, d *driver, outbox jetstream.Stream) (int64, error) {
+	total := d.strays.Load()
+	d.strayMu.Lock()
+	list := slices.Clone(d.strayList)
+	d.strayMu.Unlock()
+	var (
+		republished int64
+		errs        []error
+	)
+	for _, s := range list {
+		if s.lane >= 0 && s.answered {
+			n, err := storedWithMsgID(ctx, outbox, s.subject, s.msgID)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("stray reply: %s: %w", s, err))
+				continue
+			}
+			if n == 1 {
+				republished++
+				continue
+			}
+			errs = append(errs, fmt.Errorf("stray reply, stored %d times: %s", n, s))
+			continue
+		}
+		errs = append(errs, fmt.Errorf("stray reply: %s", s))
+	}
+	if left := total - int64(len(list)); left > 0 {
+		errs = append(errs, fmt.Errorf("%d more stray replies (not judged)", left))
+	}
+	if len(errs) > 0 {
+		return republished, fmt.Errorf("%d stray replies (duplicates or replies to no message in flight), %d of them re-publishes the outbox refused: %w",
+			total, republished, errors.Join(errs...))
+	}
+	return republished, nil
+}
+
+// storedWithMsgID counts the messages of subject in st stored with Msg-Id
+// id.
+func storedWithMsgID(ctx context.Context, st jetstream.Stream, subject, id string) (int, error) {
+	n := 0
+	for seq := uint64(1); ; {
+		raw, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return n, nil
+		}
+		if err != nil {
+			return n, fmt.Errorf("read %s from seq %d: %w", subject, seq, err)
+		}
+		if raw.Header.Get(jetstream.MsgIDHeader) == id {
+			n++
+		}
+		seq = raw.Sequence + 1
+	}
 }

@@ -302,6 +302,10 @@ type Result struct {
 	// Strays are replies that matched no message in flight (duplicates seen
 	// by the core subscription, notices).
 	Strays int64 `json:"strays"`
+	// Republished are the strays the verify found to be second publishes
+	// of a reply the lane had already taken, which the outbox refused as
+	// duplicates (its Msg-Id): no platform sees them.
+	Republished int64 `json:"republished"`
 
 	// Fleet settings and counters.
 	Ingress  string        `json:"ingress,omitempty"`
