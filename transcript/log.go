@@ -453,10 +453,10 @@ func (l *Log) Load(ctx context.Context, sessionID string) ([]Entry, uint64, erro
 // runs into ReadTimeout and the Load fails, to be retried.
 //
 // On a cluster the ordered consumer (R1) is placed on any replica of the
-// stream, and a pull request sent right after it was created on another
-// server than ours can be lost: it reached the consumer's server before
-// that server's interest in the pull subject had reached ours (the
-// consumer then shows no waiting request and delivers nothing). Only the
+// stream, and the first pull request, sent right after the consumer was
+// created on another server than ours, is sometimes lost (most likely our
+// server does not know that server's interest in the pull subject yet): the
+// consumer then shows no waiting request and delivers nothing. Only the
 // missing idle heartbeats reveal it, after two heartbeat intervals, and the
 // ordered consumer is then recreated and pulls again. With nats.go's
 // default heartbeat for an ordered consumer (5s) that came after our

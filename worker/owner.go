@@ -141,7 +141,8 @@ func newOwner(w *Worker, laneTok string) *owner {
 
 // begin starts an ownership with a freshly acquired lease: it starts the
 // renew loop, writes owner and epoch into the entry, fences the lane's
-// transcripts (from then on no append by a previous owner can land) and
+// transcripts (from then on no append by a previous owner can land;
+// a fence that fails is retried in place while the lease is good) and
 // subscribes to the lane's hints. end, always to be called (after a
 // release or a give-up), waits for the renew loop and unsubscribes. On an
 // error the caller gives up the lane.
