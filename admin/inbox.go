@@ -25,6 +25,11 @@ type MigrateOptions struct {
 	DrainTimeout time.Duration
 	// Log receives progress (nil: none).
 	Log *slog.Logger
+
+	// Test hooks: afterDrain runs between a drain and its flip, afterFlip
+	// after the flip (an error stops the migration there, as a kill would).
+	afterDrain func(round int)
+	afterFlip  func(round int) error
 }
 
 // MigrateReport says what a migration did.
@@ -195,12 +200,19 @@ type migration struct {
 	rev    uint64
 }
 
+// load reads the map from its stream's leader: a direct get may be answered
+// by a replica that lags behind the last step written.
 func (mg *migration) load(ctx context.Context) error {
-	m, rev, err := broker.ReadInboxMap(ctx, mg.bucket)
+	bucket := mg.f.Names.InboxMapBucket()
+	lm, err := broker.LeaderGet(ctx, mg.f.JS, "KV_"+bucket, broker.LeaderGetRequest{LastBySubject: "$KV." + bucket + "." + broker.InboxMapKey})
 	if err != nil {
 		return fmt.Errorf("read inbox map: %w", err)
 	}
-	mg.m, mg.rev = m, rev
+	m, err := broker.DecodeInboxMap(lm.Data)
+	if err != nil {
+		return fmt.Errorf("read inbox map: %w", err)
+	}
+	mg.m, mg.rev = m, lm.Sequence
 	return nil
 }
 
@@ -211,7 +223,7 @@ func (mg *migration) write(ctx context.Context, next broker.InboxMap) error {
 	}
 	rev, err := mg.bucket.Update(ctx, broker.InboxMapKey, next.Encode(), mg.rev)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) || strings.Contains(err.Error(), "wrong last sequence") {
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) || strings.Contains(err.Error(), "wrong last sequence") {
 			return fmt.Errorf("%w: %v", ErrMapChanged, err)
 		}
 		return fmt.Errorf("write inbox map: %w", err)
@@ -225,14 +237,30 @@ type moveResult struct {
 	drain time.Duration
 }
 
-// move runs the five steps of MigrateInbox for a batch (moves already
-// flipped, from a migration stopped half-way, skip to the purge).
+// move runs the five steps of MigrateInbox for a batch. A batch of a
+// migration stopped half-way keeps the time it closed, and its moves already
+// flipped go on to the purge, bounded by the seq their drain recorded.
+//
+// The purge of a partition from its old stream goes up to the stream's last
+// seq when the drain listed the partition (every message of the partition
+// up to it was then committed), never further: a publish accepted just
+// before the close but stored after the drain looked (a replicated stream
+// applies it a moment later) stays. Such a message, found after the purge,
+// puts its partition back in its old stream (un-flipped, still closed) and
+// the batch drains again, so it is answered there before the move ends.
 func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult, error) {
 	f := mg.f
 	var res moveResult
 	// 1. close.
+	now := time.Now().UTC()
 	next := mg.m.Clone()
-	next.Moving = append([]broker.Move(nil), batch...)
+	next.Moving = make([]broker.Move, len(batch))
+	for i, mv := range batch {
+		if mv.Closed.IsZero() {
+			mv.Closed = now
+		}
+		next.Moving[i] = mv
+	}
 	if err := mg.write(ctx, next); err != nil {
 		return res, err
 	}
@@ -245,46 +273,67 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 			return res, err
 		}
 	}
-	// 2. drain.
 	began := time.Now()
-	var pending []broker.Move
-	for _, mv := range batch {
-		if mg.m.Assign[mv.P] == mv.From {
-			pending = append(pending, mv)
-		}
-	}
-	if err := mg.drain(ctx, pending); err != nil {
-		// Reopen where they were: nothing moved.
-		back := mg.m.Clone()
-		back.Moving = nil
-		for _, mv := range batch {
-			back.Assign[mv.P] = mv.From
-		}
-		if werr := mg.write(context.WithoutCancel(ctx), back); werr == nil {
-			for i := range froms {
-				_ = broker.SetInboxSubjects(context.WithoutCancel(ctx), f.JS, f.Names, mg.m, i)
+	dctx, cancel := context.WithTimeout(ctx, mg.o.DrainTimeout)
+	defer cancel()
+	for round := 0; ; round++ {
+		// 2. drain the moves still reading from their old stream (and any
+		// flipped by a version that did not record the drain's bound: it
+		// is verified again).
+		var pending []broker.Move
+		for _, mv := range mg.m.Moving {
+			if !mg.m.Flipped(mv) || mv.Drained == nil {
+				pending = append(pending, mv)
 			}
 		}
-		return res, err
-	}
-	res.drain = time.Since(began)
-	// 3. flip.
-	next = mg.m.Clone()
-	for _, mv := range batch {
-		next.Assign[mv.P] = mv.To
-	}
-	if err := mg.write(ctx, next); err != nil {
-		return res, err
-	}
-	// 4. purge.
-	for _, mv := range batch {
-		st, err := f.JS.Stream(ctx, f.Names.InboxStreamAt(mv.From))
+		if len(pending) > 0 {
+			bounds, err := mg.drain(dctx, pending)
+			if err != nil {
+				return res, mg.reopen(ctx, err)
+			}
+			res.drain = time.Since(began)
+			if mg.o.afterDrain != nil {
+				mg.o.afterDrain(round)
+			}
+			// 3. flip, with each partition's purge bound.
+			next := mg.m.Clone()
+			for i, mv := range next.Moving {
+				if b, ok := bounds[mv.P]; ok {
+					next.Assign[mv.P] = mv.To
+					next.Moving[i].Drained = &b
+				}
+			}
+			if err := mg.write(ctx, next); err != nil {
+				return res, err
+			}
+			if mg.o.afterFlip != nil {
+				if err := mg.o.afterFlip(round); err != nil {
+					return res, err
+				}
+			}
+		}
+		// 4. purge, up to the bounds.
+		residue, err := mg.purge(ctx)
 		if err != nil {
 			return res, err
 		}
-		if err := st.Purge(ctx, jetstream.WithPurgeSubject(f.Names.InboxPartitionSubject(mv.P))); err != nil {
-			return res, fmt.Errorf("purge partition %d from %s: %w", mv.P, f.Names.InboxStreamAt(mv.From), err)
+		if len(residue) == 0 {
+			break
 		}
+		// Messages stored after the drain looked: back to the old
+		// stream, still closed, and drain again.
+		back := mg.m.Clone()
+		for i, mv := range back.Moving {
+			if residue[mv.P] {
+				back.Assign[mv.P] = mv.From
+				back.Moving[i].Drained = nil
+			}
+		}
+		if err := mg.write(ctx, back); err != nil {
+			return res, err
+		}
+		mg.log.Warn("inbox partitions got messages in their old stream after its drain: drained again",
+			slog.Int("partitions", len(residue)), slog.Int("round", round))
 	}
 	// 5. open.
 	next = mg.m.Clone()
@@ -306,57 +355,178 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 	return res, nil
 }
 
+// reopen puts the batch's partitions that still read from their old stream
+// back there, taking publishes again (nothing of them moved), after a drain
+// that could not finish. A partition already flipped (only by a version
+// that did not record its drain's bound) stays closed: its old stream's
+// messages cannot be told committed, so running the command again is the
+// way on.
+func (mg *migration) reopen(ctx context.Context, cause error) error {
+	ctx = context.WithoutCancel(ctx)
+	back := mg.m.Clone()
+	back.Moving = nil
+	froms := map[int]bool{}
+	for _, mv := range mg.m.Moving {
+		if mg.m.Flipped(mv) {
+			back.Moving = append(back.Moving, mv)
+			continue
+		}
+		froms[mv.From] = true
+	}
+	if err := mg.write(ctx, back); err != nil {
+		return fmt.Errorf("%w (the batch could not be reopened: %v; it stays closed until the command is run again)", cause, err)
+	}
+	for i := range froms {
+		_ = broker.SetInboxSubjects(ctx, mg.f.JS, mg.f.Names, mg.m, i)
+	}
+	if len(back.Moving) > 0 {
+		return fmt.Errorf("%w (%d partitions already flipped stay closed until the command is run again)", cause, len(back.Moving))
+	}
+	return cause
+}
+
+// purge removes each flipped move's partition from its old stream up to the
+// bound its drain recorded, and returns the partitions that still have
+// messages there: stored after the drain looked, never committed.
+func (mg *migration) purge(ctx context.Context) (map[int]bool, error) {
+	f := mg.f
+	var residue map[int]bool
+	for _, mv := range mg.m.Moving {
+		if !mg.m.Flipped(mv) || mv.Drained == nil {
+			continue
+		}
+		name := f.Names.InboxStreamAt(mv.From)
+		st, err := f.JS.Stream(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		subj := f.Names.InboxPartitionSubject(mv.P)
+		if b := *mv.Drained; b > 0 {
+			if err := st.Purge(ctx, jetstream.WithPurgeSubject(subj), jetstream.WithPurgeSequence(b+1)); err != nil {
+				return nil, fmt.Errorf("purge partition %d from %s up to %d: %w", mv.P, name, b, err)
+			}
+		}
+		seq, found, err := nextOf(ctx, f.JS, name, subj, 1)
+		if err != nil {
+			return nil, fmt.Errorf("partition %d in %s after its purge: %w", mv.P, name, err)
+		}
+		if found {
+			if residue == nil {
+				residue = map[int]bool{}
+			}
+			residue[mv.P] = true
+			mg.log.Warn("inbox partition has a message in its old stream after its drain", slog.Int("partition", mv.P),
+				slog.String("stream", name), slog.Uint64("seq", seq), slog.Uint64("drained", *mv.Drained))
+		}
+	}
+	return residue, nil
+}
+
+// nextOf is the seq of the first message on subj (a wildcard) at or after
+// seq in stream, read from the stream's leader: a direct get may be
+// answered by a replica that lags, and its "none" would purge or move on
+// too early.
+func nextOf(ctx context.Context, js jetstream.JetStream, stream, subj string, seq uint64) (uint64, bool, error) {
+	m, err := broker.LeaderGet(ctx, js, stream, broker.LeaderGetRequest{Seq: seq, NextBySubject: subj})
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	return m.Sequence, true, nil
+}
+
+// lastOf is the seq of the last message on subj in stream, from the
+// stream's leader (see nextOf); false when there is none.
+func lastOf(ctx context.Context, js jetstream.JetStream, stream, subj string) (uint64, bool, error) {
+	m, err := broker.LeaderGet(ctx, js, stream, broker.LeaderGetRequest{LastBySubject: subj})
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	return m.Sequence, true, nil
+}
+
 // drain waits until every lane of each move's partition has committed its
-// last message in the move's old stream.
-func (mg *migration) drain(ctx context.Context, moves []broker.Move) error {
-	ctx, cancel := context.WithTimeout(ctx, mg.o.DrainTimeout)
-	defer cancel()
+// last message in the move's old stream, and returns each partition's purge
+// bound: the old stream's last seq just before its messages of the
+// partition were listed, with nothing of the partition stored after it.
+// Every message of the partition up to the bound is then committed.
+func (mg *migration) drain(ctx context.Context, moves []broker.Move) (map[int]uint64, error) {
 	f := mg.f
 	done := map[string]uint64{} // subject -> last seq known committed
+	bounds := map[int]uint64{}
 	for {
 		left := 0
 		var firstLeft string
 		for _, mv := range moves {
-			st, err := f.JS.Stream(ctx, f.Names.InboxStreamAt(mv.From))
-			if err != nil {
-				return err
+			if _, ok := bounds[mv.P]; ok {
+				continue
 			}
-			id := st.CachedInfo().Config.Metadata[broker.InboxIDMetadata]
+			name := f.Names.InboxStreamAt(mv.From)
+			st, err := f.JS.Stream(ctx, name)
+			if err != nil {
+				return nil, drainErr(ctx, err)
+			}
+			whole, err := st.Info(ctx)
+			if err != nil {
+				return nil, drainErr(ctx, err)
+			}
+			bound := whole.State.LastSeq
+			id := whole.Config.Metadata[broker.InboxIDMetadata]
 			info, err := st.Info(ctx, jetstream.WithSubjectFilter(f.Names.InboxPartitionSubject(mv.P)))
 			if err != nil {
-				return drainErr(ctx, err)
+				return nil, drainErr(ctx, err)
 			}
 			prefix := fmt.Sprintf("%s.in.%d.", f.Names.Prefix(), mv.P)
+			ok := true
 			for subj := range info.State.Subjects {
-				last, err := st.GetLastMsgForSubject(ctx, subj)
-				if errors.Is(err, jetstream.ErrMsgNotFound) {
+				last, found, err := lastOf(ctx, f.JS, name, subj)
+				if err != nil {
+					return nil, drainErr(ctx, err)
+				}
+				if !found {
 					continue // purged since (pruned)
 				}
-				if err != nil {
-					return drainErr(ctx, err)
-				}
-				if done[subj] >= last.Sequence {
+				if done[subj] >= last {
 					continue
 				}
 				lane := strings.TrimPrefix(subj, prefix)
 				e, _, err := f.Store.Get(ctx, lane)
 				if err != nil && !errors.Is(err, kv.ErrNotFound) {
-					return drainErr(ctx, err)
+					return nil, drainErr(ctx, err)
 				}
-				if e != nil && e.InboxID == id && e.CommittedSeq >= last.Sequence {
-					done[subj] = last.Sequence
+				if e != nil && e.InboxID == id && e.CommittedSeq >= last {
+					done[subj] = last
 					continue
 				}
+				ok = false
 				left++
 				firstLeft = lane
 			}
+			if !ok {
+				continue
+			}
+			// Stored after the bound (after the close): not covered by
+			// it; the next round takes a later bound.
+			if seq, found, err := nextOf(ctx, f.JS, name, f.Names.InboxPartitionSubject(mv.P), bound+1); err != nil {
+				return nil, drainErr(ctx, err)
+			} else if found {
+				left++
+				firstLeft = fmt.Sprintf("partition %d (seq %d)", mv.P, seq)
+				continue
+			}
+			bounds[mv.P] = bound
 		}
 		if left == 0 {
-			return nil
+			return bounds, nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("drain: %d lanes still have uncommitted messages in their old stream (e.g. %s) after %s: the batch was reopened where it was; retry later or with a longer --drain-timeout: %w",
+			return nil, fmt.Errorf("drain: %d lanes still have uncommitted messages in their old stream (e.g. %s) after %s: the batch was reopened where it was; retry later or with a longer --drain-timeout: %w",
 				left, firstLeft, mg.o.DrainTimeout, ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}

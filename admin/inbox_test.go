@@ -169,3 +169,244 @@ func TestMigrateInboxWaitsForTheDrain(t *testing.T) {
 	}
 
 }
+
+// migrateFleet is a one-stream fleet with one echo worker, and a lane whose
+// partition moves to stream 1 when the fleet grows to 2 streams.
+type migrateFleet struct {
+	t     *testing.T
+	names broker.Names
+	js    jetstream.JetStream
+	fl    *admin.Fleet
+	chat  string
+	key   string
+	lane  string
+	p     int
+}
+
+func newMigrateFleet(t *testing.T) *migrateFleet {
+	srv := natstest.RunServer(t)
+	f := &migrateFleet{t: t, names: broker.MustNames("fleet")}
+	nc := srv.Connect(t)
+	f.js = natstest.JetStream(t, nc)
+	if _, err := broker.Provision(t.Context(), f.js, broker.ProvisionConfig{Names: f.names, LeaseTTL: 3 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	fl, err := admin.Open(t.Context(), f.js, f.names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.fl = fl
+	for i := 0; ; i++ {
+		f.chat = fmt.Sprintf("mv-%d", i)
+		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: f.chat, ChatType: session.ChatDM, UserID: "u"}
+		f.key = session.BuildSessionKey(src, session.DefaultKeyOptions())
+		f.lane = session.LaneToken(f.key)
+		if session.Partition(f.names.Prefix(), f.lane)%2 == 1 {
+			break
+		}
+	}
+	f.p = session.Partition(f.names.Prefix(), f.lane)
+
+	wnc := srv.Connect(t)
+	wjs := natstest.JetStream(t, wnc)
+	wres, err := broker.Provision(t.Context(), wjs, broker.ProvisionConfig{Names: f.names, LeaseTTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := worker.New(wnc, wjs, wres, worker.Config{ID: "mv-1", Names: f.names, Backend: echo.Backend(echo.Options{}),
+		LeaseTTL: 3 * time.Second, LeaseMargin: 500 * time.Millisecond, PeekInterval: 100 * time.Millisecond, DrainTimeout: 2 * time.Second,
+		Linger: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return f
+}
+
+func (f *migrateFleet) msg(text string) *nats.Msg {
+	src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: f.chat, ChatType: session.ChatDM, UserID: "u"}
+	data, _ := json.Marshal(session.Inbound{Source: src, SessionKey: f.key, Kind: session.KindMessage, Text: text, ReceivedAt: time.Now()})
+	msg := nats.NewMsg(f.names.InboxSubject(f.p, f.lane))
+	msg.Data = data
+	msg.Header.Set(broker.HdrSessionKey, f.key)
+	msg.Header.Set(broker.HdrKind, session.KindMessage)
+	return msg
+}
+
+func (f *migrateFleet) post(text string) *jetstream.PubAck {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(f.t.Context(), 20*time.Second)
+	defer cancel()
+	ack, err := f.js.PublishMsg(ctx, f.msg(text), broker.InboxPublishOptions()...)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return ack
+}
+
+// storeLate stores a message of the lane in stream 0 while its partition is
+// closed there: what a replicated stream does with a publish it accepted
+// just before the close and applies after it. The stream takes the
+// partition's subject for the moment of the publish.
+func (f *migrateFleet) storeLate(text string) *jetstream.PubAck {
+	f.t.Helper()
+	ctx := f.t.Context()
+	st, err := f.js.Stream(ctx, f.names.InboxStreamAt(0))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	cfg := info.Config
+	orig := slices.Clone(cfg.Subjects)
+	cfg.Subjects = append(cfg.Subjects, f.names.InboxPartitionSubject(f.p))
+	if _, err := f.js.UpdateStream(ctx, cfg); err != nil {
+		f.t.Fatal(err)
+	}
+	ack, err := f.js.PublishMsg(ctx, f.msg(text))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	cfg.Subjects = orig
+	if _, err := f.js.UpdateStream(ctx, cfg); err != nil {
+		f.t.Fatal(err)
+	}
+	if ack.Stream != f.names.InboxStreamAt(0) {
+		f.t.Fatalf("the late message went to %s", ack.Stream)
+	}
+	return ack
+}
+
+// waitCommitted waits for the lane to commit seq in inbox stream i.
+func (f *migrateFleet) waitCommitted(i int, seq uint64) {
+	f.t.Helper()
+	natstest.WaitFor(f.t, 60*time.Second, fmt.Sprintf("the lane to commit seq %d in stream %d", seq, i), func() error {
+		e, _, err := f.fl.Store.Get(f.t.Context(), f.lane)
+		if err != nil {
+			return err
+		}
+		if err := f.fl.Res.Inboxes.Refresh(f.t.Context()); err != nil {
+			return err
+		}
+		in := f.fl.Res.Inboxes.ForLane(f.lane)
+		if in.Name != f.names.InboxStreamAt(i) {
+			return fmt.Errorf("the map puts the lane in %s", in.Name)
+		}
+		if e.InboxID != in.ID || e.CommittedSeq < seq {
+			return fmt.Errorf("entry in inbox %s at %d, want %s at %d", e.InboxID, e.CommittedSeq, in.ID, seq)
+		}
+		return nil
+	})
+}
+
+// users is the lane's user entries in its transcript.
+func (f *migrateFleet) users() []string {
+	f.t.Helper()
+	e, _, err := f.fl.Store.Get(f.t.Context(), f.lane)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	entries, _, err := f.fl.TX.Load(f.t.Context(), e.SessionID)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var users []string
+	for _, e := range entries {
+		if e.Role == "user" {
+			users = append(users, e.Content)
+		}
+	}
+	return users
+}
+
+// TestMigrateInboxPurgeIsBoundedByTheDrain: a message of a moving partition
+// stored in its old stream after the drain looked (a publish a replicated
+// stream applies just after the close; stored here right after the flip, so
+// that no worker reads it before the purge) is not purged with the partition:
+// the purge goes up to the seq the drain recorded in the map, the message
+// found after it puts the partition back in its old stream, which drains
+// again, and the message is answered there before the move ends. The same
+// holds when the migration is killed between the flip and the purge and run
+// again: the re-run purges up to the recorded bound only. The lane's
+// transcript holds every message once, in order.
+func TestMigrateInboxPurgeIsBoundedByTheDrain(t *testing.T) {
+	for _, killed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("killed=%v", killed), func(t *testing.T) {
+			f := newMigrateFleet(t)
+			first := f.post("first")
+			f.waitCommitted(0, first.Sequence)
+
+			var o admin.MigrateOptions
+			o.Batch, o.DrainTimeout = 64, 30*time.Second
+			injected := false
+			var late *jetstream.PubAck
+			inject := func() {
+				if !injected {
+					injected = true
+					late = f.storeLate("late")
+				}
+			}
+			errKilled := errors.New("killed after the flip")
+			admin.SetMigrateHooks(&o, nil, func(int) error {
+				if injected {
+					return nil
+				}
+				inject()
+				if killed {
+					return errKilled
+				}
+				return nil
+			})
+			_, err := f.fl.MigrateInbox(t.Context(), 2, o)
+			if killed {
+				if !errors.Is(err, errKilled) {
+					t.Fatalf("the killed migration: %v", err)
+				}
+				m, _, rerr := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+				if rerr != nil {
+					t.Fatal(rerr)
+				}
+				if len(m.Moving) != 32 || !m.Flipped(m.Moving[0]) || m.Moving[0].Drained == nil || m.Moving[0].Closed.IsZero() {
+					t.Fatalf("after the kill the map is %s, moving %+v", m, m.Moving)
+				}
+				_, err = f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if late == nil {
+				t.Fatal("no late message was stored")
+			}
+			after := f.post("after")
+			if after.Stream != f.names.InboxStreamAt(1) {
+				t.Fatalf("the lane's message after the move went to %s", after.Stream)
+			}
+			f.waitCommitted(1, after.Sequence)
+			if users := f.users(); !slices.Equal(users, []string{"first", "late", "after"}) {
+				t.Fatalf("user entries %q, want first, late, after", users)
+			}
+			st0, err := f.js.Stream(t.Context(), f.names.InboxStreamAt(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := st0.GetLastMsgForSubject(t.Context(), f.names.InboxSubject(f.p, f.lane)); !errors.Is(err, jetstream.ErrMsgNotFound) {
+				t.Fatalf("stream 0 still holds the moved partition's messages: %v", err)
+			}
+		})
+	}
+}
+
+func mustBucket(t *testing.T, f *migrateFleet) jetstream.KeyValue {
+	t.Helper()
+	b, err := f.js.KeyValue(t.Context(), f.names.InboxMapBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

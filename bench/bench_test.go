@@ -21,7 +21,7 @@ var (
 	flagDuration = flag.Duration("turns.duration", 3*time.Second, "measured window of each scenario")
 	flagWorkers  = flag.Int("turns.workers", 2, "worker loops (fleet) and consumer loops (floor)")
 	flagOnly     = flag.String("turns.only", "", `"floor" or "fleet" runs only that scenario (for profiling)`)
-	flagIngress  = flag.String("turns.ingress", bench.IngressHTTP, `fleet ingress: "http" or "publish"`)
+	flagIngress  = flag.String("turns.ingress", bench.IngressHTTP, `fleet ingress: "http", "adapter" or "publish"`)
 	flagUntil    = flag.String("turns.until", bench.UntilOutbox, `reply measurement point: "outbox" or "mailbox"`)
 	flagOps      = flag.Bool("turns.ops", false, "count NATS messages per turn by kind (adds load; rates are not comparable)")
 )
@@ -126,26 +126,34 @@ func logDetails(b *testing.B, r bench.Result) {
 
 func msf(d time.Duration) float64 { return float64(d) / 1e6 }
 
-// TestThroughputSmoke runs a tiny fleet scenario and checks only
-// correctness: every message got its reply, exactly one reply per message is
-// in the outbox, and every lane committed its last message.
+// TestThroughputSmoke runs a tiny fleet scenario through the HTTP ingress
+// and through the in-process adapter path, and checks only correctness:
+// every message got its reply, exactly one reply per message is in the
+// outbox, and every lane committed its last message.
 func TestThroughputSmoke(t *testing.T) {
-	r, err := bench.Throughput(t.Context(), bench.Options{
-		Lanes: 4, Workers: 2, Duration: 2 * time.Second, WarmupTurns: 1, Verify: true,
-		ReplyTimeout: 20 * time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Log(r)
-	if !r.Verified {
-		t.Fatal("the run was not verified")
-	}
-	if r.Turns == 0 {
-		t.Fatal("no turn completed inside the window")
-	}
-	if r.Strays != 0 {
-		t.Fatalf("%d stray replies", r.Strays)
+	for _, mode := range []string{bench.IngressHTTP, bench.IngressAdapter} {
+		t.Run(mode, func(t *testing.T) {
+			r, err := bench.Throughput(t.Context(), bench.Options{
+				Lanes: 4, Workers: 2, Duration: 2 * time.Second, WarmupTurns: 1, Verify: true,
+				ReplyTimeout: 20 * time.Second, Ingress: mode,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Log(r)
+			if r.Ingress != mode {
+				t.Fatalf("ingress %q, want %q", r.Ingress, mode)
+			}
+			if !r.Verified {
+				t.Fatal("the run was not verified")
+			}
+			if r.Turns == 0 {
+				t.Fatal("no turn completed inside the window")
+			}
+			if r.Strays != 0 {
+				t.Fatalf("%d stray replies", r.Strays)
+			}
+		})
 	}
 }
 

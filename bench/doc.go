@@ -12,8 +12,11 @@
 //     worker/turn.go issues them, with payloads of the same types and sizes.
 //   - [Throughput] runs the real fleet: N worker loops (or processes) with the
 //     echo agent, the HTTP ingress adapter on a loopback listener, and
-//     optionally the HTTP delivery consumer. With Options.NATSURL and
-//     Options.IngressURL it measures a running fleet instead.
+//     optionally the HTTP delivery consumer. With Options.Ingress set to
+//     IngressAdapter the messages go to the ingress in process instead
+//     (ingress.Publisher.Publish, the platform adapters' path: no HTTP hop).
+//     With Options.NATSURL and Options.IngressURL it measures a running
+//     fleet instead.
 //   - [Compare] runs both and fills the fleet/floor ratios; [Durability] runs
 //     Compare with the server's default fsync interval and with "always".
 //   - [Takeover] kill -9s worker processes running long turns and times the

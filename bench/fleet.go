@@ -257,6 +257,8 @@ func runFleet(ctx context.Context, e *env, o Options, x fleetExtra) (Result, err
 			return Result{}, err
 		}
 		defer closeHTTP()
+	case IngressAdapter:
+		send = adapterSender(o, ids, isrv.Publisher())
 	case IngressPublish:
 		send = publishSender(o, ids, ijs, ires, names)
 	}
@@ -445,6 +447,13 @@ type httpPost struct {
 
 // httpClientSender returns a sender that POSTs each message to url,
 // keeping one connection per lane. o.Text, when set, makes the texts.
+//
+// The client is the load generator, and its CPU counts in the fleet's CPU
+// per turn (one process): it does no more than a lean client would. The
+// request is parsed once and copied per message, each lane reuses its body
+// and answer buffers, the body is written without reflection and the
+// expected 202 answer is checked by comparing bytes (encoding/json reads
+// any other answer).
 func httpClientSender(o Options, ids []laneID, url string) (sendFunc, func()) {
 	tr := &http.Transport{MaxIdleConns: len(ids) + 1, MaxIdleConnsPerHost: len(ids) + 1, DisableCompression: true}
 	client := &http.Client{Transport: tr, Timeout: o.ReplyTimeout}
@@ -452,20 +461,100 @@ func httpClientSender(o Options, ids []laneID, url string) (sendFunc, func()) {
 	if textOf == nil {
 		textOf = func(i, n int) string { return text(i, n, o.TextSize) }
 	}
+	tmpl, tmplErr := http.NewRequest(http.MethodPost, url, nil)
+	if tmplErr == nil {
+		tmpl.Header = http.Header{"Content-Type": {"application/json"}}
+	}
+	type laneBufs struct {
+		body, answer bytes.Buffer
+		prefix       []byte // the 202 answer up to its seq
+	}
+	bufs := make([]laneBufs, len(ids))
+	for i, l := range ids {
+		bufs[i].prefix = fmt.Appendf(nil, `{"session_key":%s,"seq":`, mustJSON(l.key))
+	}
 	send := func(ctx context.Context, i, n int) (sent, error) {
-		l := ids[i]
-		body := mustJSON(httpPost{ChatID: l.chatID, ChatType: session.ChatDM, UserID: l.userID, UserName: l.userName,
-			MessageID: strconv.Itoa(n), Text: textOf(i, n)})
-		ab, start, accepted, err := postMessage(ctx, client, url, body)
+		if tmplErr != nil {
+			return sent{}, tmplErr
+		}
+		l, lb := ids[i], &bufs[i]
+		lb.body.Reset()
+		b := lb.body.AvailableBuffer()
+		b = append(b, `{"chat_id":`...)
+		b = appendJSONString(b, l.chatID)
+		b = append(b, `,"chat_type":`...)
+		b = appendJSONString(b, session.ChatDM)
+		b = append(b, `,"user_id":`...)
+		b = appendJSONString(b, l.userID)
+		b = append(b, `,"user_name":`...)
+		b = appendJSONString(b, l.userName)
+		b = append(b, `,"message_id":"`...)
+		b = strconv.AppendInt(b, int64(n), 10)
+		b = append(b, `","text":`...)
+		b = appendJSONString(b, textOf(i, n))
+		b = append(b, '}')
+		lb.body.Write(b)
+		body := lb.body.Bytes()
+
+		req := tmpl.WithContext(ctx)
+		req.ContentLength = int64(len(body))
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		start := time.Now()
+		resp, err := client.Do(req)
 		if err != nil {
 			return sent{}, err
 		}
-		if ab.Duplicate || ab.SessionKey != l.key {
+		lb.answer.Reset()
+		_, err = lb.answer.ReadFrom(resp.Body)
+		_ = resp.Body.Close()
+		accepted := time.Now()
+		if err != nil {
+			return sent{}, err
+		}
+		data := lb.answer.Bytes()
+		if resp.StatusCode != http.StatusAccepted {
+			return sent{}, fmt.Errorf("POST /v1/messages: %s: %s", resp.Status, bytes.TrimSpace(data))
+		}
+		seq, ok := acceptedSeq(data, lb.prefix)
+		if !ok {
+			var ab acceptBody
+			if err := json.Unmarshal(data, &ab); err != nil {
+				return sent{}, fmt.Errorf("POST /v1/messages: %w", err)
+			}
 			return sent{}, fmt.Errorf("POST /v1/messages: unexpected answer %+v (want session key %s, not a duplicate)", ab, l.key)
 		}
-		return sent{start: start, accepted: accepted, token: []byte(token(i, n)), seq: ab.Seq}, nil
+		return sent{start: start, accepted: accepted, token: []byte(token(i, n)), seq: seq}, nil
 	}
 	return send, tr.CloseIdleConnections
+}
+
+// acceptedSeq reads the seq of a 202 answer that is exactly prefix, the
+// seq, `,"duplicate":false}` and white space: the answer for the lane's
+// session key to a message that is not a duplicate.
+func acceptedSeq(data, prefix []byte) (uint64, bool) {
+	rest, ok := bytes.CutPrefix(data, prefix)
+	if !ok {
+		return 0, false
+	}
+	digits, tail, ok := bytes.Cut(rest, []byte(`,"duplicate":false}`))
+	if !ok || len(bytes.TrimSpace(tail)) != 0 {
+		return 0, false
+	}
+	seq, err := strconv.ParseUint(string(digits), 10, 64)
+	return seq, err == nil
+}
+
+// appendJSONString appends s as a JSON string, as encoding/json writes it.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return append(b, mustJSON(s)...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // postMessage POSTs body to url and returns the 202's answer, when the POST
@@ -495,6 +584,34 @@ func postMessage(ctx context.Context, client *http.Client, url string, body []by
 		return acceptBody{}, start, accepted, fmt.Errorf("POST /v1/messages: %w", err)
 	}
 	return ab, start, accepted, nil
+}
+
+// adapterSender returns a sender that hands each message to the ingress in
+// process, as a platform adapter does (ingress.Publisher.Publish): the same
+// validation, session key, lane, msgids lookup and publish as POST
+// /v1/messages, without the HTTP request, its JSON and the bench's client.
+// The message id is the one the HTTP adapter derives from message_id.
+func adapterSender(o Options, ids []laneID, pub *ingress.Publisher) sendFunc {
+	textOf := o.text
+	if textOf == nil {
+		textOf = func(i, n int) string { return text(i, n, o.TextSize) }
+	}
+	return func(ctx context.Context, i, n int) (sent, error) {
+		l := ids[i]
+		mid := strconv.Itoa(n)
+		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: l.chatID, ChatType: session.ChatDM,
+			UserID: l.userID, UserName: l.userName, MessageID: mid}
+		m := ingress.Message{Source: src, Text: textOf(i, n), DedupID: ingress.PlatformMsgID(session.PlatformHTTP, l.chatID, mid)}
+		start := time.Now()
+		acc, err := pub.Publish(ctx, m)
+		if err != nil {
+			return sent{}, err
+		}
+		if acc.Duplicate || acc.SessionKey != l.key {
+			return sent{}, fmt.Errorf("ingress publish: unexpected answer %+v (want session key %s, not a duplicate)", acc, l.key)
+		}
+		return sent{start: start, accepted: time.Now(), token: []byte(token(i, n)), seq: acc.Seq}, nil
+	}
 }
 
 // publishSender returns a sender that does what the HTTP adapter does for a
@@ -534,6 +651,25 @@ func publishSender(o Options, ids []laneID, js jetstream.JetStream, res *broker.
 	}
 }
 
+// onlyInternalAfter checks that every message of subject stored after seq
+// from, up to seq to, is one of the fleet's internal messages.
+func onlyInternalAfter(ctx context.Context, st jetstream.Stream, subject string, from, to uint64) error {
+	for seq := from + 1; seq <= to; {
+		raw, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if err != nil {
+			return fmt.Errorf("read %s after seq %d: %w", subject, seq-1, err)
+		}
+		if raw.Sequence > to {
+			return nil
+		}
+		if k := raw.Header.Get(broker.HdrKind); k != session.KindInternal {
+			return fmt.Errorf("seq %d of %s is a %q message the bench did not send", raw.Sequence, subject, k)
+		}
+		seq = raw.Sequence + 1
+	}
+	return nil
+}
+
 // verify checks, after the workers stopped, that the outbox (and the
 // mailboxes) hold exactly one reply per message sent, and that every lane
 // committed its last message with no turn left in flight.
@@ -560,6 +696,15 @@ func verify(ctx context.Context, o Options, ids []laneID, d *driver, res *broker
 		e, _, err := store.Get(ctx, l.lane)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("lane %d: %w", i, err))
+			continue
+		}
+		if e.CommittedSeq > d.lastSeq[i] && e.Turn == nil {
+			// The fleet's own wake-ups (a lease that ran out, a drain) are
+			// stored in the lane's inbox too, after the bench's last
+			// message: committing them is right, anything else is not.
+			if err := onlyInternalAfter(ctx, res.Inbox, l.inbox, d.lastSeq[i], e.CommittedSeq); err != nil {
+				errs = append(errs, fmt.Errorf("lane %d: committed seq %d, want %d: %w", i, e.CommittedSeq, d.lastSeq[i], err))
+			}
 			continue
 		}
 		if e.CommittedSeq != d.lastSeq[i] || e.Turn != nil {

@@ -23,8 +23,14 @@ const (
 	// adapter, served on a loopback listener.
 	IngressHTTP = "http"
 	// IngressPublish publishes into the inbox the way the HTTP adapter does
-	// (msgids lookup, publish with Msg-Id), without HTTP.
+	// (msgids lookup, publish with Msg-Id), without HTTP, from a copy of
+	// that path in the bench.
 	IngressPublish = "publish"
+	// IngressAdapter hands every message to the ingress in process, through
+	// ingress.Publisher.Publish: the path the platform adapters (Telegram,
+	// Slack, Discord, WhatsApp) take, the ingress's own validation, session
+	// key, msgids lookup and publish included, without the HTTP hop.
+	IngressAdapter = "adapter"
 )
 
 // Measurement points of a reply.
@@ -69,7 +75,7 @@ type Options struct {
 	// warm-up, the window and a minute together, so no lane is released
 	// during the run and every measured turn meets a warm lane.
 	Linger time.Duration
-	// Ingress is IngressHTTP (default) or IngressPublish.
+	// Ingress is IngressHTTP (default), IngressAdapter or IngressPublish.
 	Ingress string
 	// Until is UntilOutbox (default) or UntilMailbox.
 	Until string
@@ -185,9 +191,9 @@ func (o Options) withDefaults() (Options, error) {
 	switch o.Ingress {
 	case "":
 		o.Ingress = IngressHTTP
-	case IngressHTTP, IngressPublish:
+	case IngressHTTP, IngressAdapter, IngressPublish:
 	default:
-		return o, fmt.Errorf("bench: ingress %q: want %q or %q", o.Ingress, IngressHTTP, IngressPublish)
+		return o, fmt.Errorf("bench: ingress %q: want %q, %q or %q", o.Ingress, IngressHTTP, IngressAdapter, IngressPublish)
 	}
 	switch o.Until {
 	case "":
@@ -216,6 +222,11 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.NATSURL != "" && o.RunID == "" {
 		o.RunID = randomID(4)
+	}
+	if o.NATSURL != "" && o.Ingress != IngressHTTP {
+		// A running fleet's ingress is another process: only its HTTP API
+		// is reachable.
+		return o, fmt.Errorf("bench: ingress %q: a running fleet is driven through its HTTP ingress only", o.Ingress)
 	}
 	if o.ProcessWorkers && o.WorkerBinary == "" {
 		return o, errors.New("bench: process workers need Options.WorkerBinary")

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // MaxInboxStreams bounds the number of inbox streams (4 partitions per
@@ -110,7 +111,19 @@ type Move struct {
 	P    int `json:"p"`
 	From int `json:"from"`
 	To   int `json:"to"`
+	// Closed is when the partition stopped taking publishes (the batch's
+	// close); zero in maps written before it was recorded.
+	Closed time.Time `json:"closed,omitzero"`
+	// Drained bounds the purge of the partition from its old stream: every
+	// message of the partition there up to this seq was committed when the
+	// drain ended. Set with the flip (the same compare-and-set) and only
+	// then; nil while the partition still reads from its old stream.
+	Drained *uint64 `json:"drained,omitempty"`
 }
+
+// Flipped reports whether the map already names the move's new stream for
+// its partition.
+func (m InboxMap) Flipped(mv Move) bool { return m.Assign[mv.P] == mv.To }
 
 // PartitionsOf returns the partitions assigned to stream i, open or not.
 func (m InboxMap) PartitionsOf(i int) []int {

@@ -25,6 +25,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/kv"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/telemetry"
 )
@@ -85,13 +86,15 @@ func (s *Server) handlePostMessage(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, e)
 		return
 	}
-	s.log.LogAttrs(r.Context(), slog.LevelDebug, "message accepted",
-		slog.String("session_key", resp.SessionKey),
-		slog.String("subject", m.subject),
-		slog.String("kind", m.inbound.Kind),
-		slog.String("platform_msg_id", m.inbound.PlatformMsgID),
-		slog.Uint64("seq", resp.Seq),
-		slog.Bool("duplicate", resp.Duplicate))
+	if s.log.Enabled(r.Context(), slog.LevelDebug) {
+		s.log.LogAttrs(r.Context(), slog.LevelDebug, "message accepted",
+			slog.String("session_key", resp.SessionKey),
+			slog.String("subject", m.subject),
+			slog.String("kind", m.inbound.Kind),
+			slog.String("platform_msg_id", m.inbound.PlatformMsgID),
+			slog.Uint64("seq", resp.Seq),
+			slog.Bool("duplicate", resp.Duplicate))
+	}
 	writeJSON(w, http.StatusAccepted, resp)
 }
 
@@ -144,6 +147,15 @@ func decodeMessageBody(body []byte) (*messageRequest, *apiError) {
 		}
 		return nil, badRequest("request body is not valid UTF-8 (at byte %d)", at)
 	}
+	if req, ok := decodeFlatMessage(body); ok {
+		return req, nil
+	}
+	return decodeStrict(body)
+}
+
+// decodeStrict is decodeMessageBody for any valid UTF-8 body, without the
+// fast path: it checks the member names, then decodes with encoding/json.
+func decodeStrict(body []byte) (*messageRequest, *apiError) {
 	if e := checkObjectFields(body, messageFields, ""); e != nil {
 		return nil, e
 	}
@@ -540,13 +552,13 @@ func (s *Server) lookupMsgID(rctx context.Context, pmid string) (seq uint64, fou
 	if err != nil {
 		return 0, false, false, fmt.Errorf("get msgid %s: %w", pmid, err)
 	}
-	seq, err = strconv.ParseUint(string(e.Value()), 10, 64)
+	r, err := kv.ParseMsgRef(e.Value())
 	if err != nil {
 		s.log.LogAttrs(rctx, slog.LevelWarn, "replacing unreadable msgids record",
 			slog.String("platform_msg_id", pmid), slog.String("value", string(e.Value())))
 		return 0, false, true, nil
 	}
-	return seq, true, false, nil
+	return r.Seq, true, false, nil
 }
 
 // platformMsgID is "<platform>:<chat_id>:<message_id>". '%' and ':' inside

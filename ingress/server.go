@@ -534,10 +534,23 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 		status = http.StatusInternalServerError
 		body = []byte(`{"error":"cannot encode the response"}`)
 	}
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
+	setJSONHeaders(w.Header())
 	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))
+}
+
+// The header values of every JSON answer. net/http only reads a header's
+// values, so the answers share these slices.
+var (
+	hdrJSON    = []string{"application/json"}
+	hdrNoStore = []string{"no-store"}
+	hdrNoSniff = []string{"nosniff"}
+)
+
+// setJSONHeaders sets the headers of a JSON answer (canonical keys, so no
+// canonicalization per request).
+func setJSONHeaders(h http.Header) {
+	h["Content-Type"] = hdrJSON
+	h["Cache-Control"] = hdrNoStore
+	h["X-Content-Type-Options"] = hdrNoSniff
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -13,7 +14,7 @@ import (
 	"github.com/agentfleet/agentfleet/session"
 )
 
-// MsgIDs remembers which inbox sequence incorporated a platform message id,
+// MsgIDs remembers which inbox message (seq and stream) incorporated a platform message id,
 // for the longest platform retry horizon (the bucket's TTL). The stream's
 // Msg-Id window is minutes; this is what makes a retry days later a duplicate.
 type MsgIDs struct {
@@ -26,37 +27,83 @@ func NewMsgIDs(res *broker.Resources) *MsgIDs { return &MsgIDs{kv: res.MsgIDs} }
 // Key is the bucket key of a platform message id.
 func (m *MsgIDs) Key(platformMsgID string) string { return session.LaneToken(platformMsgID) }
 
-// Lookup returns the inbox seq recorded for id.
-func (m *MsgIDs) Lookup(ctx context.Context, id string) (uint64, bool, error) {
-	e, err := m.kv.Get(ctx, m.Key(id))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return 0, false, nil
-	}
-	if err != nil {
-		return 0, false, err
-	}
-	seq, err := strconv.ParseUint(string(e.Value()), 10, 64)
-	if err != nil {
-		return 0, false, fmt.Errorf("msgid %s: bad value %q", id, e.Value())
-	}
-	return seq, true, nil
+// MsgRef names the inbox message that incorporated a platform message id:
+// its seq and the identity (fleet_inbox_id) of the inbox stream the seq
+// counts in. Two inbox streams use the same seqs, so a seq alone cannot tell
+// a platform retry that landed in another stream (its partition moved) from
+// the message itself.
+type MsgRef struct {
+	Seq uint64
+	// Inbox is the stream's identity; "" in a record written before
+	// records named their stream.
+	Inbox string
 }
 
-// Record claims id for seq. It returns the seq that owns the id: seq itself,
-// or an earlier one when the id was already incorporated (a duplicate). It is
-// idempotent: recording the same id and seq again returns seq.
-func (m *MsgIDs) Record(ctx context.Context, id string, seq uint64) (uint64, error) {
+// Same reports whether r and o name the same inbox message. A record that
+// names no stream (written before) is judged by its seq alone, as it was
+// then.
+func (r MsgRef) Same(o MsgRef) bool {
+	return r.Seq == o.Seq && (r.Inbox == "" || o.Inbox == "" || r.Inbox == o.Inbox)
+}
+
+// Encode is the stored form: "<seq> <inbox id>", or "<seq>" alone when the
+// stream is not known (the form of older records).
+func (r MsgRef) Encode() []byte {
+	s := strconv.FormatUint(r.Seq, 10)
+	if r.Inbox != "" {
+		s += " " + r.Inbox
+	}
+	return []byte(s)
+}
+
+// ParseMsgRef reads a stored record, of either form.
+func ParseMsgRef(b []byte) (MsgRef, error) {
+	seq, inbox, _ := strings.Cut(string(b), " ")
+	n, err := strconv.ParseUint(seq, 10, 64)
+	if err != nil {
+		return MsgRef{}, fmt.Errorf("bad msgids record %q", b)
+	}
+	return MsgRef{Seq: n, Inbox: inbox}, nil
+}
+
+// Lookup returns the inbox seq recorded for id.
+func (m *MsgIDs) Lookup(ctx context.Context, id string) (uint64, bool, error) {
+	r, ok, err := m.Find(ctx, id)
+	return r.Seq, ok, err
+}
+
+// Find returns the inbox message recorded for id.
+func (m *MsgIDs) Find(ctx context.Context, id string) (MsgRef, bool, error) {
+	e, err := m.kv.Get(ctx, m.Key(id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return MsgRef{}, false, nil
+	}
+	if err != nil {
+		return MsgRef{}, false, err
+	}
+	r, err := ParseMsgRef(e.Value())
+	if err != nil {
+		return MsgRef{}, false, fmt.Errorf("msgid %s: %w", id, err)
+	}
+	return r, true, nil
+}
+
+// Claim claims id for the inbox message ref. It returns the message that
+// owns the id: ref itself, or an earlier one when the id was already
+// incorporated (a duplicate; compare with MsgRef.Same). It is idempotent:
+// claiming the same id for the same message again returns it.
+func (m *MsgIDs) Claim(ctx context.Context, id string, ref MsgRef) (MsgRef, error) {
 	for attempt := 1; ; attempt++ {
-		_, err := m.kv.Create(ctx, m.Key(id), []byte(strconv.FormatUint(seq, 10)))
+		_, err := m.kv.Create(ctx, m.Key(id), ref.Encode())
 		if err == nil {
-			return seq, nil
+			return ref, nil
 		}
 		if !isConflict(err) {
-			return 0, fmt.Errorf("record msgid %s: %w", id, err)
+			return MsgRef{}, fmt.Errorf("record msgid %s: %w", id, err)
 		}
-		owner, ok, err := m.Lookup(ctx, id)
+		owner, ok, err := m.Find(ctx, id)
 		if err != nil {
-			return 0, err
+			return MsgRef{}, err
 		}
 		if ok {
 			return owner, nil
@@ -66,7 +113,7 @@ func (m *MsgIDs) Record(ctx context.Context, id string, seq uint64) (uint64, err
 		// refused as "wrong last sequence" while another write of the key
 		// was in flight and never landed. Claim it again after a moment.
 		if attempt >= recordAttempts {
-			return 0, fmt.Errorf("record msgid %s: create conflicts but no record is found (%d attempts; the store may be changing leader)",
+			return MsgRef{}, fmt.Errorf("record msgid %s: create conflicts but no record is found (%d attempts; the store may be changing leader)",
 				id, attempt)
 		}
 		t := time.NewTimer(time.Duration(attempt) * 100 * time.Millisecond)
@@ -74,7 +121,7 @@ func (m *MsgIDs) Record(ctx context.Context, id string, seq uint64) (uint64, err
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return 0, fmt.Errorf("record msgid %s: %w", id, ctx.Err())
+			return MsgRef{}, fmt.Errorf("record msgid %s: %w", id, ctx.Err())
 		}
 	}
 }

@@ -34,22 +34,22 @@ func TestMsgIDs(t *testing.T) {
 	}
 	for i, id := range ids {
 		seq := uint64(100 + i)
-		got, err := m.Record(ctx, id, seq)
+		got, err := m.Claim(ctx, id, kv.MsgRef{Seq: seq})
 		if err != nil {
-			t.Fatalf("Record(%q): %v", id, err)
+			t.Fatalf("Claim(%q): %v", id, err)
 		}
-		if got != seq {
-			t.Errorf("first Record(%q, %d) = %d, want %d", id, seq, got, seq)
+		if got.Seq != seq {
+			t.Errorf("first Claim(%q, %d) = %d, want %d", id, seq, got.Seq, seq)
 		}
 	}
 	for i, id := range ids {
 		first := uint64(100 + i)
-		got, err := m.Record(ctx, id, 9999)
+		got, err := m.Claim(ctx, id, kv.MsgRef{Seq: 9999})
 		if err != nil {
-			t.Fatalf("second Record(%q): %v", id, err)
+			t.Fatalf("second Claim(%q): %v", id, err)
 		}
-		if got != first {
-			t.Errorf("duplicate Record(%q) = %d, want the first seq %d", id, got, first)
+		if got.Seq != first {
+			t.Errorf("duplicate Claim(%q) = %d, want the first seq %d", id, got.Seq, first)
 		}
 		seq, ok, err := m.Lookup(ctx, id)
 		if err != nil || !ok || seq != first {
@@ -83,14 +83,14 @@ func TestMsgIDsRace(t *testing.T) {
 	}
 	for round := range 5 {
 		id := fmt.Sprintf("race:%d", round)
-		got := make([]uint64, writers)
+		got := make([]kv.MsgRef, writers)
 		errs := make([]error, writers)
 		var wg sync.WaitGroup
 		for w := range writers {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				got[w], errs[w] = stores[w].Record(ctx, id, uint64(w+1))
+				got[w], errs[w] = stores[w].Claim(ctx, id, kv.MsgRef{Seq: uint64(w + 1)})
 			}()
 		}
 		wg.Wait()
@@ -102,8 +102,48 @@ func TestMsgIDsRace(t *testing.T) {
 				t.Fatalf("round %d: writers were told %v, want one winner", round, got)
 			}
 		}
-		if seq, ok, err := stores[0].Lookup(ctx, id); err != nil || !ok || seq != got[0] {
-			t.Errorf("Lookup = %d, %v, %v; want %d", seq, ok, err, got[0])
+		if seq, ok, err := stores[0].Lookup(ctx, id); err != nil || !ok || seq != got[0].Seq {
+			t.Errorf("Lookup = %d, %v, %v; want %d", seq, ok, err, got[0].Seq)
 		}
+	}
+}
+
+// TestMsgIDsNameTheStream: a record names the inbox stream its seq counts
+// in, so the same seq in another stream (a platform retry that landed in
+// the new stream of a moved partition) is another message; a record
+// written before records named their stream is judged by its seq alone.
+func TestMsgIDsNameTheStream(t *testing.T) {
+	t.Parallel()
+	ev := newEnv(t)
+	ctx := testCtx(t)
+	_, res := ev.connect(t)
+	m := kv.NewMsgIDs(res)
+
+	first := kv.MsgRef{Seq: 5, Inbox: "stream-a"}
+	if got, err := m.Claim(ctx, "http:c:1", first); err != nil || got != first {
+		t.Fatalf("Claim = %+v, %v; want %+v", got, err, first)
+	}
+	if got, err := m.Claim(ctx, "http:c:1", first); err != nil || !got.Same(first) {
+		t.Fatalf("Claim again = %+v, %v; want %+v", got, err, first)
+	}
+	retry := kv.MsgRef{Seq: 5, Inbox: "stream-b"}
+	got, err := m.Claim(ctx, "http:c:1", retry)
+	if err != nil || got != first || got.Same(retry) {
+		t.Fatalf("Claim of the same seq in another stream = %+v (same: %v), %v; want %+v, another message", got, got.Same(retry), err, first)
+	}
+	if r, ok, err := m.Find(ctx, "http:c:1"); err != nil || !ok || r != first {
+		t.Fatalf("Find = %+v, %v, %v", r, ok, err)
+	}
+
+	// An older record: the seq alone.
+	if _, err := res.MsgIDs.Put(ctx, m.Key("http:c:2"), []byte("7")); err != nil {
+		t.Fatal(err)
+	}
+	got, err = m.Claim(ctx, "http:c:2", kv.MsgRef{Seq: 7, Inbox: "stream-b"})
+	if err != nil || got != (kv.MsgRef{Seq: 7}) || !got.Same(kv.MsgRef{Seq: 7, Inbox: "stream-b"}) || got.Same(kv.MsgRef{Seq: 8, Inbox: "stream-b"}) {
+		t.Fatalf("Claim over an older record = %+v, %v", got, err)
+	}
+	if seq, ok, err := m.Lookup(ctx, "http:c:1"); err != nil || !ok || seq != 5 {
+		t.Fatalf("Lookup = %d, %v, %v", seq, ok, err)
 	}
 }

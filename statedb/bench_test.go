@@ -1,10 +1,12 @@
 package statedb
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -318,32 +320,44 @@ func BenchmarkSearch(b *testing.B) {
 			query{"cjk", qc.cjk[i%len(qc.cjk)] + qc.cjk[(i+1)%len(qc.cjk)]},
 		)
 	}
-	per := map[string][]time.Duration{}
-	var all, floor []time.Duration
+	// STATEDB_BENCH_COMPARE=FILE runs every query on a second file too (the
+	// same messages, e.g. a copy whose FTS segments were merged), the two
+	// alternating query by query, so that both see the same load;
+	// STATEDB_BENCH_COMPARE_NOMMAP=1 opens it without the read connections'
+	// memory map (the same file twice: what the map changes).
+	files := []*DB{db}
+	if other := os.Getenv("STATEDB_BENCH_COMPARE"); other != "" {
+		db2, err := Open(ctx, other, &Options{noMmap: os.Getenv("STATEDB_BENCH_COMPARE_NOMMAP") == "1"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer db2.Close()
+		files = append(files, db2)
+	}
+	type timings struct {
+		per, perFloor, perCPU map[string][]time.Duration
+		all, floor, cpu       []time.Duration
+		slow                  []slowQuery
+	}
+	tm := make([]timings, len(files))
+	for i := range tm {
+		tm[i] = timings{per: map[string][]time.Duration{}, perFloor: map[string][]time.Duration{}, perCPU: map[string][]time.Duration{}}
+	}
 	for b.Loop() {
-		for _, q := range queries {
-			start := time.Now()
-			if _, err := db.SearchMessages(ctx, q.q, SearchOptions{}); err != nil {
-				b.Fatalf("%s: %v", q.q, err)
+		for qi, q := range queries {
+			for k := range files {
+				// Alternate which file goes first.
+				f := (k + qi) % len(files)
+				d, fl, c := searchOnce(ctx, b, files[f], q.q)
+				t := &tm[f]
+				t.perCPU[q.kind] = append(t.perCPU[q.kind], c)
+				t.cpu = append(t.cpu, c)
+				t.per[q.kind] = append(t.per[q.kind], d)
+				t.perFloor[q.kind] = append(t.perFloor[q.kind], fl)
+				t.all = append(t.all, d)
+				t.floor = append(t.floor, fl)
+				t.slow = append(t.slow, slowQuery{q.kind, q.q, d, fl})
 			}
-			d := time.Since(start)
-			per[q.kind] = append(per[q.kind], d)
-			all = append(all, d)
-			// The floor: FTS5 alone, the newest 20 matches of the same
-			// query (no ranking, snippets, context nor filters).
-			table, match := "messages_fts", SanitizeQuery(q.q)
-			if HasCJK(q.q) {
-				table, match = "messages_fts_trigram", `"`+q.q+`"`
-			}
-			start = time.Now()
-			rows, err := db.r.QueryContext(ctx, `SELECT rowid FROM `+table+` WHERE `+table+` MATCH ? ORDER BY rowid DESC LIMIT 20`, match)
-			if err != nil {
-				b.Fatal(err)
-			}
-			for rows.Next() {
-			}
-			rows.Close()
-			floor = append(floor, time.Since(start))
 		}
 	}
 	p := func(ds []time.Duration, q float64) float64 {
@@ -352,14 +366,30 @@ func BenchmarkSearch(b *testing.B) {
 		i := int(math.Ceil(q*float64(len(s)))) - 1
 		return float64(s[max(i, 0)].Microseconds()) / 1000
 	}
-	for kind, ds := range per {
-		b.Logf("%-9s p50 %7.2f ms  p99 %7.2f ms  (%d queries)", kind, p(ds, 0.5), p(ds, 0.99), len(ds))
+	for f, t := range tm {
+		name, suffix := "", ""
+		if f > 0 {
+			name, suffix = "compare: ", "_cmp"
+		}
+		kinds := slices.Sorted(maps.Keys(t.per))
+		for _, kind := range kinds {
+			ds, fl, c := t.per[kind], t.perFloor[kind], t.perCPU[kind]
+			fmt.Fprintf(os.Stderr, "%s%-9s p50 %7.2f ms  p99 %7.2f ms  floor p50 %6.2f ms  p99 %7.2f ms  cpu p50 %6.2f ms  p99 %7.2f ms  (%d queries)\n", name, kind,
+				p(ds, 0.5), p(ds, 0.99), p(fl, 0.5), p(fl, 0.99), p(c, 0.5), p(c, 0.99), len(ds))
+		}
+		// The slowest queries, to tell a query's own cost from the load's.
+		slices.SortFunc(t.slow, func(a, b slowQuery) int { return cmp.Compare(b.d, a.d) })
+		for _, s := range t.slow[:min(8, len(t.slow))] {
+			fmt.Fprintf(os.Stderr, "%sslow: %-9s %-28q %7.1f ms (floor %6.1f ms)\n", name, s.kind, s.q, float64(s.d.Microseconds())/1000, float64(s.floor.Microseconds())/1000)
+		}
+		b.ReportMetric(p(t.cpu, 0.5), "cpu_p50_ms"+suffix)
+		b.ReportMetric(p(t.cpu, 0.99), "cpu_p99_ms"+suffix)
+		b.ReportMetric(p(t.all, 0.5), "p50_ms"+suffix)
+		b.ReportMetric(p(t.all, 0.99), "p99_ms"+suffix)
+		b.ReportMetric(p(t.floor, 0.5), "floor_p50_ms"+suffix)
+		b.ReportMetric(p(t.floor, 0.99), "floor_p99_ms"+suffix)
+		b.ReportMetric(p(t.all, 0.99)/p(t.floor, 0.99), "p99/floor_p99"+suffix)
 	}
-	b.ReportMetric(p(all, 0.5), "p50_ms")
-	b.ReportMetric(p(all, 0.99), "p99_ms")
-	b.ReportMetric(p(floor, 0.5), "floor_p50_ms")
-	b.ReportMetric(p(floor, 0.99), "floor_p99_ms")
-	b.ReportMetric(p(all, 0.99)/p(floor, 0.99), "p99/floor_p99")
 	b.ReportMetric(float64(rows), "messages")
 }
 
@@ -434,9 +464,130 @@ func generate(ctx context.Context, db *DB, c *corpus, from, to int) error {
 	})
 }
 
+// slowQuery is a query of BenchmarkSearch and its times.
+type slowQuery struct {
+	kind, q  string
+	d, floor time.Duration
+}
+
+// searchOnce runs one search and its floor (FTS5 alone, the newest 20
+// matches of the same query: no ranking, snippets, context nor filters)
+// and returns both durations, and the CPU time the process used during
+// the search (what the load of other processes does not inflate).
+func searchOnce(ctx context.Context, b *testing.B, db *DB, q string) (search, floor, cpu time.Duration) {
+	start, cpu0 := time.Now(), processCPU()
+	if _, err := db.SearchMessages(ctx, q, SearchOptions{}); err != nil {
+		b.Fatalf("%s: %v", q, err)
+	}
+	search, cpu = time.Since(start), processCPU()-cpu0
+	table, match := "messages_fts", SanitizeQuery(q)
+	if HasCJK(q) {
+		table, match = "messages_fts_trigram", `"`+q+`"`
+	}
+	start = time.Now()
+	rows, err := db.r.QueryContext(ctx, `SELECT rowid FROM `+table+` WHERE `+table+` MATCH ? ORDER BY rowid DESC LIMIT 20`, match)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for rows.Next() {
+	}
+	rows.Close()
+	return search, time.Since(start), cpu
+}
+
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
 		return v
 	}
 	return def
+}
+
+// BenchmarkMergeFTS merges the FTS segments of an existing file
+// (STATEDB_BENCH_DB, changed in place: run it on a copy) step by step, as
+// the idle indexer does (idleMerge), and reports the whole merge's time,
+// the number of steps and the longest step (each step holds the write
+// lock). STATEDB_BENCH_MERGE_PAGES sets the pages per step (default
+// mergePages); STATEDB_BENCH_MERGE_FULL=1 merges each index into one
+// segment (the first step negative) instead of the indexer's merge.
+//
+//	STATEDB_BENCH_DB=/tmp/copy.db go test -run '^$' -bench BenchmarkMergeFTS -benchtime 1x -timeout 60m ./statedb
+func BenchmarkMergeFTS(b *testing.B) {
+	path := os.Getenv("STATEDB_BENCH_DB")
+	if path == "" {
+		b.Skip("STATEDB_BENCH_DB not set")
+	}
+	pages := envInt("STATEDB_BENCH_MERGE_PAGES", mergePages)
+	full := os.Getenv("STATEDB_BENCH_MERGE_FULL") == "1"
+	ctx := context.Background()
+	db, err := Open(ctx, path, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	// steps: every step's time; plain: those of steps that did not end
+	// with the passive WAL checkpoint every CheckpointEvery writes.
+	var steps, plain []time.Duration
+	var total time.Duration
+	timed := func(st time.Time, checkpoint bool) {
+		d := time.Since(st)
+		steps = append(steps, d)
+		if !checkpoint {
+			plain = append(plain, d)
+		}
+	}
+	willCheckpoint := func() bool {
+		db.mu.Lock()
+		defer db.mu.Unlock()
+		return db.writes == CheckpointEvery-1
+	}
+	for b.Loop() {
+		for _, t := range ftsTables {
+			before, err := db.ftsSegments(ctx, t)
+			if err != nil {
+				b.Fatal(err)
+			}
+			start := time.Now()
+			n := 0
+			if full {
+				st, cp := time.Now(), willCheckpoint()
+				if _, err := db.mergeStep(ctx, t, -pages); err != nil {
+					b.Fatal(err)
+				}
+				timed(st, cp)
+				n++
+			} else if err := db.prepareMerge(ctx); err != nil {
+				b.Fatal(err)
+			}
+			for {
+				st, cp := time.Now(), willCheckpoint()
+				did, err := db.mergeStep(ctx, t, pages)
+				if err != nil {
+					b.Fatal(err)
+				}
+				timed(st, cp)
+				n++
+				if !did {
+					break
+				}
+			}
+			el := time.Since(start)
+			total += el
+			after, err := db.ftsSegments(ctx, t)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Logf("%s: segments per level %v -> %v, %d steps of %d pages in %v", t, before, after, n, pages, el.Round(time.Millisecond))
+		}
+	}
+	slices.Sort(steps)
+	slices.Sort(plain)
+	if len(plain) > 0 {
+		b.ReportMetric(float64(plain[int(math.Ceil(0.99*float64(len(plain))))-1].Microseconds())/1000, "nocheckpoint_step_p99_ms")
+		b.ReportMetric(float64(plain[len(plain)-1].Microseconds())/1000, "nocheckpoint_step_max_ms")
+	}
+	b.ReportMetric(total.Seconds(), "merge_s")
+	b.ReportMetric(float64(len(steps)), "steps")
+	b.ReportMetric(float64(steps[len(steps)/2].Microseconds())/1000, "step_p50_ms")
+	b.ReportMetric(float64(steps[int(math.Ceil(0.99*float64(len(steps))))-1].Microseconds())/1000, "step_p99_ms")
+	b.ReportMetric(float64(steps[len(steps)-1].Microseconds())/1000, "step_max_ms")
 }

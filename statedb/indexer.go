@@ -58,6 +58,10 @@ type IndexerConfig struct {
 	// FlushInterval is how long a partial batch waits for more messages.
 	// Defaults to 50ms.
 	FlushInterval time.Duration
+	// MergeIdle is how long the indexer waits with nothing to apply before
+	// it merges the full-text indexes' segments, one short step at a time
+	// (idleMerge). Defaults to 2s; negative disables the merge.
+	MergeIdle time.Duration
 	// Logger receives progress and errors. Defaults to a discard logger.
 	Logger *slog.Logger
 }
@@ -107,6 +111,9 @@ func NewIndexer(res *broker.Resources, db *DB, cfg IndexerConfig) (*Indexer, err
 	}
 	if cfg.FlushInterval <= 0 {
 		cfg.FlushInterval = 50 * time.Millisecond
+	}
+	if cfg.MergeIdle == 0 {
+		cfg.MergeIdle = 2 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -332,6 +339,27 @@ func (ix *Indexer) runOnce(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	armed := false
+	// The idle merge: after MergeIdle with nothing received, one merge step
+	// per firing, the next one right after, until the indexes have nothing
+	// left to merge; whatever arrives meanwhile waits for one step at most.
+	var idle *time.Timer
+	var idleC <-chan time.Time
+	var mg idleMerge
+	if ix.cfg.MergeIdle > 0 {
+		if err := ix.db.prepareMerge(ctx); err != nil {
+			// Merging is an optimisation: index without it.
+			ix.log.Warn("indexer: full-text merge disabled", slog.Any("error", err))
+		} else {
+			idle = time.NewTimer(ix.cfg.MergeIdle)
+			defer idle.Stop()
+			idleC = idle.C
+		}
+	}
+	received := func() {
+		if idle != nil {
+			idle.Reset(ix.cfg.MergeIdle)
+		}
+	}
 	// A stream's pending list is capped; the other stream is still read,
 	// so the merge can always make progress.
 	limit := 4 * ix.cfg.BatchSize
@@ -351,11 +379,29 @@ func (ix *Indexer) runOnce(ctx context.Context) error {
 			return err
 		case d := <-in0:
 			m.add(d)
+			received()
 		case d := <-in1:
 			m.add(d)
+			received()
 		case <-timer.C:
 			armed = false
 			flush = true
+		case <-idleC:
+			if m.len() > 0 || mg.done {
+				idle.Reset(ix.cfg.MergeIdle)
+				continue
+			}
+			if err := mg.step(ctx, ix.db); err != nil {
+				// Merging is an optimisation: try again after the next batch.
+				ix.log.Warn("indexer: full-text merge", slog.Any("error", err))
+				mg.done = true
+			}
+			if mg.done {
+				idle.Reset(ix.cfg.MergeIdle)
+			} else {
+				idle.Reset(0)
+			}
+			continue
 		}
 		// A full batch goes at once only when the merge can release it
 		// without waiting for the other stream (a batch cut short there
@@ -385,6 +431,7 @@ func (ix *Indexer) runOnce(ctx context.Context) error {
 				for _, d := range batch {
 					_ = d.msg.Ack()
 				}
+				mg.done = false
 			}
 			if len(batch) < ix.cfg.BatchSize {
 				break

@@ -101,11 +101,15 @@ func (w *Worker) forward(owner, laneTok string, msg jetstream.Msg) bool {
 	return true
 }
 
+// fwdBackDelay is how long a forwarded delivery this worker cannot take
+// (draining, or no lane slot free) waits before it is delivered again.
+const fwdBackDelay = time.Second
+
 // subscribeForwards receives the deliveries other workers forward to this
 // one. A forward for a lane this worker runs is held by that lane; one for
 // a lane it does not run (released meanwhile) starts a runner, as a
 // delivery would; with no lane slot free, or while draining, it is handed
-// back at once.
+// back with a delay (fwdBackDelay).
 func (w *Worker) subscribeForwards() (unsub func(), err error) {
 	w.fwd.inbox = w.nc.NewInbox()
 	back, err := w.nc.Subscribe(w.fwd.inbox+".*", func(m *nats.Msg) {
@@ -141,7 +145,12 @@ func (w *Worker) subscribeForwards() (unsub func(), err error) {
 		// gets a runner, which judges by the lease (and forwards to its
 		// holder, if another worker took it meanwhile).
 		if w.draining() || !w.runLocal(laneTok, d, false) {
-			_ = d.Nak()
+			// Handed back with a delay: this worker may still hold the
+			// lane's lease (a draining worker keeps it until its turn
+			// ends), so the redelivery of an immediate NAK would find it
+			// the holder again and come straight back in a forward: a
+			// loop of NAKs and redeliveries for as long as that lasts.
+			_ = d.NakWithDelay(fwdBackDelay)
 		}
 	})
 	if err != nil {

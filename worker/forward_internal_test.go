@@ -132,9 +132,61 @@ func TestCopiesInOneStepClaimInOrder(t *testing.T) {
 			seq, owner uint64
 		}{{5, 5}, {6, 6}, {9, 5}} {
 			r := claims[c.seq]
-			if r.err != nil || r.owner != c.owner {
-				t.Fatalf("round %d: claim of seq %d: owner %d, error %v; want owner %d", round, c.seq, r.owner, r.err, c.owner)
+			if r.err != nil || r.owner.Seq != c.owner {
+				t.Fatalf("round %d: claim of seq %d: owner %d, error %v; want owner %d", round, c.seq, r.owner.Seq, r.err, c.owner)
 			}
 		}
+	}
+}
+
+// TestDuplicateAcrossInboxStreams: the msgids record names the inbox
+// stream of the message that incorporated a platform message id, so a
+// platform retry that landed in another stream (its partition moved) at the
+// same seq as the first copy in the old stream is still a duplicate, while
+// the first copy, seen again (a redelivery, a retried step), is not. An
+// older record (a seq alone) is judged by its seq, as before.
+func TestDuplicateAcrossInboxStreams(t *testing.T) {
+	t.Parallel()
+	srv := natstest.RunServer(t)
+	nc := srv.Connect(t)
+	js := natstest.JetStream(t, nc)
+	names := broker.MustNames("fleet")
+	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := New(nc, js, res, Config{ID: "w", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLane(w, "moved")
+	l.ctx = t.Context()
+	const id = "http:moved:1"
+	first := inboxMsg{seq: 5, inboxID: "old-stream", body: session.Inbound{PlatformMsgID: id}}
+	retry := inboxMsg{seq: 5, inboxID: "new-stream", body: session.Inbound{PlatformMsgID: id}}
+	for i, c := range []struct {
+		m    inboxMsg
+		want bool
+	}{{first, false}, {first, false}, {retry, true}} {
+		dup, err := l.duplicate(c.m)
+		if err != nil || dup != c.want {
+			t.Fatalf("check %d (seq %d in %s): duplicate %v, %v; want %v", i, c.m.seq, c.m.inboxID, dup, err, c.want)
+		}
+	}
+	if !l.duplicateCopy(t.Context(), &retry) || l.duplicateCopy(t.Context(), &first) {
+		t.Fatal("duplicateCopy does not tell the copy in the new stream from the first")
+	}
+
+	// A record written before records named their stream.
+	if _, err := res.MsgIDs.Put(t.Context(), w.msgids.Key("http:moved:2"), []byte("7")); err != nil {
+		t.Fatal(err)
+	}
+	old := inboxMsg{seq: 7, inboxID: "new-stream", body: session.Inbound{PlatformMsgID: "http:moved:2"}}
+	if dup, err := l.duplicate(old); err != nil || dup {
+		t.Fatalf("the message of an older record: duplicate %v, %v", dup, err)
+	}
+	old.seq = 8
+	if dup, err := l.duplicate(old); err != nil || !dup {
+		t.Fatalf("a copy at another seq than an older record's: duplicate %v, %v", dup, err)
 	}
 }

@@ -3,6 +3,8 @@ package worker
 import (
 	"context"
 	"log/slog"
+
+	"github.com/agentfleet/agentfleet/kv"
 )
 
 // msgidClaims are the msgids claims of a step's messages, in flight.
@@ -10,9 +12,12 @@ type msgidClaims map[uint64]*msgidClaim
 
 type msgidClaim struct {
 	done  chan struct{}
-	owner uint64
+	owner kv.MsgRef
 	err   error
 }
+
+// ref names m in the msgids record: its seq and its inbox stream.
+func (m inboxMsg) ref() kv.MsgRef { return kv.MsgRef{Seq: m.seq, Inbox: m.inboxID} }
 
 // prefetchMsgIDs starts the msgids claim of every message with a platform
 // message id; nil when there is none. A claim is idempotent (the same id and
@@ -48,20 +53,21 @@ func (l *lane) prefetchMsgIDs(msgs []inboxMsg) msgidClaims {
 		ctx := context.WithoutCancel(l.ctx)
 		go func() {
 			defer close(r.done)
-			r.owner, r.err = l.w.msgids.Record(ctx, id, m.seq)
+			r.owner, r.err = l.w.msgids.Claim(ctx, id, m.ref())
 		}()
 	}
 	return out
 }
 
-// claimMsgID claims m's platform message id for m's seq and returns the seq
-// that owns it, from the prefetched claims when there is one.
-func (l *lane) claimMsgID(m inboxMsg) (uint64, error) {
+// claimMsgID claims m's platform message id for m (its seq in its inbox
+// stream) and returns the message that owns it, from the prefetched claims
+// when there is one.
+func (l *lane) claimMsgID(m inboxMsg) (kv.MsgRef, error) {
 	if r := l.msgids[m.seq]; r != nil {
 		<-r.done
 		return r.owner, r.err
 	}
-	return l.w.msgids.Record(context.WithoutCancel(l.ctx), m.body.PlatformMsgID, m.seq)
+	return l.w.msgids.Claim(context.WithoutCancel(l.ctx), m.body.PlatformMsgID, m.ref())
 }
 
 // wait waits for every claim to end.
@@ -73,7 +79,9 @@ func (p msgidClaims) wait() {
 
 // duplicate reports whether m repeats a platform message already
 // incorporated under another inbox seq (a platform retry that reached the
-// inbox again after the stream's de-duplication window). It claims the id for
+// inbox again after the stream's de-duplication window, or in another inbox
+// stream after its partition moved: the record names the stream, since two
+// streams use the same seqs). It claims the id for
 // m otherwise: the worker, not the ingress, writes the msgids record, in one
 // round trip (a create, and a read only when the id is taken). The ingress
 // reads the record before it publishes, so a retry that comes after the
@@ -91,11 +99,12 @@ func (l *lane) duplicate(m inboxMsg) (bool, error) {
 		l.log.Warn("record message id", slog.Any("error", err))
 		return false, err
 	}
-	if owner == m.seq {
+	if owner.Same(m.ref()) {
 		return false, nil
 	}
-	l.log.Info("duplicate platform message not run", slog.String("platform_msg_id", id), slog.Uint64("seq", m.seq), slog.Uint64("first_seq", owner))
-	w.event("duplicate", l.lane, map[string]any{"seq": m.seq, "first_seq": owner, "platform_msg_id": id})
+	l.log.Info("duplicate platform message not run", slog.String("platform_msg_id", id), slog.Uint64("seq", m.seq),
+		slog.Uint64("first_seq", owner.Seq), slog.String("first_inbox_id", owner.Inbox))
+	w.event("duplicate", l.lane, map[string]any{"seq": m.seq, "first_seq": owner.Seq, "first_inbox_id": owner.Inbox, "platform_msg_id": id})
 	return true, nil
 }
 
@@ -113,6 +122,6 @@ func (l *lane) duplicateCopy(ctx context.Context, m *inboxMsg) bool {
 	if id == "" {
 		return false
 	}
-	owner, found, err := l.w.msgids.Lookup(context.WithoutCancel(ctx), id)
-	return err == nil && found && owner != m.seq
+	owner, found, err := l.w.msgids.Find(context.WithoutCancel(ctx), id)
+	return err == nil && found && !owner.Same(m.ref())
 }

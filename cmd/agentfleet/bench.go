@@ -59,7 +59,7 @@ latency chart; see docs/benchmarks.md.`,
 			&cli.IntFlag{Name: "workers", Usage: "workers", DefaultText: "2; 3 for takeover and handover"},
 			&cli.StringFlag{Name: "sync", Value: "default", Usage: "fsync policy of the embedded server: default, always or a duration"},
 			&cli.DurationFlag{Name: "lease-ttl", Value: broker.DefaultLeaseTTL, Usage: "lane lease TTL of the fleet (takeover's goal is a p99 of 3s with the defaults)"},
-			&cli.StringFlag{Name: "ingress", Value: bench.IngressHTTP, Usage: "throughput ingress: http (POST /v1/messages) or publish"},
+			&cli.StringFlag{Name: "ingress", Value: bench.IngressHTTP, Usage: "throughput ingress, or a comma-separated list measured one after the other against each row's floor: http (POST /v1/messages), adapter (in process, the platform adapters' path: no HTTP hop) or publish (the bench's own copy of that path)"},
 			&cli.StringFlag{Name: "until", Value: bench.UntilOutbox, Usage: "time replies at the outbox, or at the mailbox (runs the HTTP delivery)"},
 			&cli.BoolFlag{Name: "process-workers", Usage: "throughput: run the workers as processes of this binary, over TCP (the floor then uses TCP too)"},
 			&cli.BoolFlag{Name: "verify", Value: true, Usage: "throughput: check one reply per message and every lane committed"},
@@ -228,6 +228,10 @@ func runBench(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	ingresses, err := parseIngresses(c.String("ingress"))
+	if err != nil {
+		return err
+	}
 	remote := c.String("nats-url") != ""
 	// A fleet's NATS in the environment is not a request to load it with
 	// benchmark traffic: only --nats-url is. Say so rather than ignore it.
@@ -244,6 +248,9 @@ func runBench(c *cli.Context) error {
 	if remote {
 		if c.String("ingress-url") == "" {
 			return errors.New("--nats-url needs --ingress-url (the running fleet's HTTP ingress)")
+		}
+		if len(ingresses) > 1 || ingresses[0] != bench.IngressHTTP {
+			return errors.New("--ingress: a running fleet is driven through its HTTP ingress only")
 		}
 		for _, s := range scenarios {
 			if s != "floor" && s != "throughput" {
@@ -264,7 +271,7 @@ func runBench(c *cli.Context) error {
 	defer pl.done()
 	base := bench.Options{
 		Workers: c.Int("workers"), Duration: c.Duration("duration"), WarmupTurns: c.Int("warmup"), Sync: c.String("sync"),
-		DataDir: c.String("data"), LeaseTTL: c.Duration("lease-ttl"), Ingress: c.String("ingress"), Until: c.String("until"),
+		DataDir: c.String("data"), LeaseTTL: c.Duration("lease-ttl"), Ingress: ingresses[0], Until: c.String("until"),
 		NATSURL: c.String("nats-url"), IngressURL: c.String("ingress-url"), Prefix: c.String("prefix"), Replicas: c.Int("replicas"),
 		WorkerBinary: bin, ProcessWorkers: c.Bool("process-workers"), Verify: c.Bool("verify"),
 		Progress: pl.report, KeepData: c.Bool("keep"), WorkerLogLevel: c.String("worker-log-level"),
@@ -322,18 +329,25 @@ func runBench(c *cli.Context) error {
 					fail(scn, err)
 					return
 				}
-				pl.set(fmt.Sprintf("throughput %d lanes, fleet", n))
-				fleet, err := profiled(c.String("cpuprofile"), n, func() (bench.Result, error) { return bench.Throughput(ctx, o) })
-				if err != nil {
-					fail(scn, err)
-					return
+				for _, mode := range ingresses {
+					o.Ingress = mode
+					pl.set(fmt.Sprintf("throughput %d lanes, fleet (%s ingress)", n, mode))
+					prefix := c.String("cpuprofile")
+					if prefix != "" && len(ingresses) > 1 {
+						prefix += "-" + mode
+					}
+					fleet, err := profiled(prefix, n, func() (bench.Result, error) { return bench.Throughput(ctx, o) })
+					if err != nil {
+						fail(scn, err)
+						return
+					}
+					rep.Throughput = append(rep.Throughput, fleet.WithFloor(floor))
 				}
-				rep.Throughput = append(rep.Throughput, fleet.WithFloor(floor))
 			}
 		case "durability":
 			reuse := map[int]bench.Result{}
 			for _, r := range rep.Throughput {
-				if r.Sync == "default" {
+				if r.Sync == "default" && r.Ingress == base.Ingress {
 					reuse[r.Lanes] = r
 				}
 			}
@@ -439,6 +453,25 @@ func writeReport(c *cli.Context, rep *bench.Report, errs []error) error {
 
 // profiled runs f, with a CPU profile written to prefix-lanes<n>.pprof when
 // prefix is set.
+// parseIngresses reads --ingress: one mode or a comma-separated list of
+// distinct modes (http, adapter, publish).
+func parseIngresses(s string) ([]string, error) {
+	var out []string
+	for _, m := range strings.Split(s, ",") {
+		m = strings.TrimSpace(m)
+		switch m {
+		case bench.IngressHTTP, bench.IngressAdapter, bench.IngressPublish:
+		default:
+			return nil, fmt.Errorf("--ingress %q: want %s, %s or %s, or a comma-separated list of them", m, bench.IngressHTTP, bench.IngressAdapter, bench.IngressPublish)
+		}
+		if slices.Contains(out, m) {
+			return nil, fmt.Errorf("--ingress: %s given twice", m)
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
 func profiled(prefix string, n int, f func() (bench.Result, error)) (bench.Result, error) {
 	if prefix == "" {
 		return f()
@@ -465,7 +498,17 @@ func writeChart(path string, rep *bench.Report) error {
 	m := rep.Machine
 	sub := fmt.Sprintf("agentfleet bench, %s: %d workers, sync %s, %s, %s windows; %d CPUs, %s, nats-server %s",
 		m.Date.Format("2006-01-02"), x.Workers, x.Sync, x.Conn, x.Window.Round(time.Second), m.CPUs, m.Go, strings.TrimSuffix(m.NATSServer, " (embedded)"))
-	if err := bench.WriteSVG(f, rep.Throughput, "Accept-to-reply latency: fleet vs JetStream floor", sub); err != nil {
+	// One line per lane count: the chart shows the first ingress mode's rows.
+	var rows []bench.Result
+	for _, r := range rep.Throughput {
+		if r.Ingress == x.Ingress {
+			rows = append(rows, r)
+		}
+	}
+	if len(rows) < len(rep.Throughput) {
+		sub += ", " + x.Ingress + " ingress"
+	}
+	if err := bench.WriteSVG(f, rows, "Accept-to-reply latency: fleet vs JetStream floor", sub); err != nil {
 		f.Close()
 		return err
 	}

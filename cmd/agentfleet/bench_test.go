@@ -23,6 +23,14 @@ func TestBenchFlags(t *testing.T) {
 	if _, err := parseScenarios("floor,bogus"); err == nil || !strings.Contains(err.Error(), "bogus") {
 		t.Fatalf("unknown scenario: %v", err)
 	}
+	if m, err := parseIngresses("http, adapter"); err != nil || !slices.Equal(m, []string{bench.IngressHTTP, bench.IngressAdapter}) {
+		t.Fatalf("parseIngresses: %v %v", m, err)
+	}
+	for _, bad := range []string{"grpc", "http,http", ""} {
+		if _, err := parseIngresses(bad); err == nil {
+			t.Fatalf("--ingress %q accepted", bad)
+		}
+	}
 	n, err := parseInts("sessions", "1k,100k,1M,7")
 	if err != nil || !slices.Equal(n, []int{1000, 100000, 1000000, 7}) {
 		t.Fatalf("parseInts: %v %v", n, err)

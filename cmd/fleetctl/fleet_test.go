@@ -608,3 +608,50 @@ func scrub(v any, names []string) {
 		}
 	}
 }
+
+// TestInboxShowSaysClosed: a migration killed during a drain leaves its
+// batch closed (its lanes' publishes answered 503); `inbox show` says so,
+// since when, and how to finish it, in both outputs.
+func TestInboxShowSaysClosed(t *testing.T) {
+	f := startLiveFleet(t)
+	bucket, err := f.js.KeyValue(t.Context(), f.names.InboxMapBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, rev, err := broker.ReadInboxMap(t.Context(), bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What a migration to 2 streams killed in its first batch's drain
+	// leaves (the stream's subjects do not matter to the report).
+	closed := time.Now().Add(-3 * time.Minute).UTC().Truncate(time.Second)
+	m.Streams, m.Target, m.From = 2, 2, 1
+	m.Moving = []broker.Move{{P: 1, From: 0, To: 1, Closed: closed}, {P: 3, From: 0, To: 1, Closed: closed}}
+	model, err := f.js.Stream(t.Context(), f.names.InboxStreamAt(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := broker.AddInboxStream(t.Context(), f.js, f.names, m, 1, model); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bucket.Update(t.Context(), broker.InboxMapKey, m.Encode(), rev); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCtl(t, "inbox", "show")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"CLOSED: 2 partitions", closed.Format(time.RFC3339), "fleetctl inbox streams 2", "partition 3: FLEET_IN -> FLEET_IN_1, draining"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("inbox show does not say %q:\n%s", want, out)
+		}
+	}
+	var rep struct {
+		ClosedSince time.Time     `json:"closed_since"`
+		Moving      []broker.Move `json:"moving"`
+	}
+	jsonCtl(t, &rep, "inbox", "show", "--json")
+	if !rep.ClosedSince.Equal(closed) || len(rep.Moving) != 2 || !rep.Moving[0].Closed.Equal(closed) {
+		t.Errorf("inbox show --json: %+v, want closed since %s", rep, closed)
+	}
+}

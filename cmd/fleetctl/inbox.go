@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"text/tabwriter"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -21,11 +22,15 @@ type inboxStreamReport struct {
 }
 
 type inboxReport struct {
-	Streams   int                 `json:"streams"`
-	Target    int                 `json:"target,omitempty"`
-	Moving    []broker.Move       `json:"moving,omitempty"`
-	Revision  uint64              `json:"revision"`
-	PerStream []inboxStreamReport `json:"per_stream"`
+	Streams int           `json:"streams"`
+	Target  int           `json:"target,omitempty"`
+	Moving  []broker.Move `json:"moving,omitempty"`
+	// ClosedSince is when the earliest of the moving partitions closed:
+	// publishes to them wait (the ingress answers 503 past its publish
+	// timeout) until the migration ends.
+	ClosedSince time.Time           `json:"closed_since,omitzero"`
+	Revision    uint64              `json:"revision"`
+	PerStream   []inboxStreamReport `json:"per_stream"`
 }
 
 func inboxCommand() *cli.Command {
@@ -44,6 +49,11 @@ func inboxCommand() *cli.Command {
 				defer done()
 				m, rev := cl.res.Inboxes.Map()
 				rep := inboxReport{Streams: m.Streams, Target: m.Target, Moving: m.Moving, Revision: rev, PerStream: []inboxStreamReport{}}
+				for _, mv := range m.Moving {
+					if !mv.Closed.IsZero() && (rep.ClosedSince.IsZero() || mv.Closed.Before(rep.ClosedSince)) {
+						rep.ClosedSince = mv.Closed
+					}
+				}
 				for _, in := range cl.res.Inboxes.All() {
 					sr := inboxStreamReport{Name: in.Name, Partitions: m.PartitionsOf(in.Index)}
 					if info, err := in.Stream.Info(ctx); err == nil {
@@ -60,6 +70,21 @@ func inboxCommand() *cli.Command {
 				fmt.Fprintf(c.App.Writer, "inbox streams: %d (map revision %d)\n", rep.Streams, rep.Revision)
 				if m.Migrating() {
 					fmt.Fprintf(c.App.Writer, "migration under way to %d streams, %d partitions moving: run `fleetctl inbox streams %d` to finish it\n", m.Target, len(m.Moving), m.Count())
+				}
+				if len(m.Moving) > 0 {
+					since := "an unknown time (a migration of an older version)"
+					if !rep.ClosedSince.IsZero() {
+						since = fmt.Sprintf("%s (%s ago)", rep.ClosedSince.UTC().Format(time.RFC3339), time.Since(rep.ClosedSince).Round(time.Second))
+					}
+					fmt.Fprintf(c.App.Writer, "CLOSED: %d partitions take no publishes since %s (the ingress answers 503 for their lanes); if no migration is running, run `fleetctl inbox streams %d` to finish it\n",
+						len(m.Moving), since, m.Count())
+					for _, mv := range m.Moving {
+						state := "draining its old stream"
+						if m.Flipped(mv) {
+							state = "flipped, old stream to purge"
+						}
+						fmt.Fprintf(c.App.Writer, "  partition %d: %s -> %s, %s\n", mv.P, cl.names.InboxStreamAt(mv.From), cl.names.InboxStreamAt(mv.To), state)
+					}
 				}
 				tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "STREAM\tPARTITIONS\tMESSAGES\tLEADER")

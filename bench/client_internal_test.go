@@ -1,0 +1,34 @@
+package bench
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+// TestClientEncodingIsJSONs: the load generator's hand-written body and
+// its check of the 202 agree with encoding/json.
+func TestClientEncodingIsJSONs(t *testing.T) {
+	for _, s := range []string{"", "bench-1", "Bench User 7", `a"b\c`, "<&>", "zoë", "tab\there", "\u2028"} {
+		want, _ := json.Marshal(s)
+		if got := appendJSONString(nil, s); string(got) != string(want) {
+			t.Errorf("appendJSONString(%q) = %s, want %s", s, got, want)
+		}
+	}
+	prefix := []byte(`{"session_key":"agent:main:http:dm:bench-1","seq":`)
+	for _, tc := range []struct {
+		answer string
+		seq    uint64
+		ok     bool
+	}{
+		{`{"session_key":"agent:main:http:dm:bench-1","seq":42,"duplicate":false}` + "\n", 42, true},
+		{`{"session_key":"agent:main:http:dm:bench-1","seq":42,"duplicate":true}` + "\n", 0, false},
+		{`{"session_key":"agent:main:http:dm:bench-2","seq":42,"duplicate":false}`, 0, false},
+		{`{"session_key":"agent:main:http:dm:bench-1","seq":4x2,"duplicate":false}`, 0, false},
+		{`{"session_key":"agent:main:http:dm:bench-1","seq":42,"duplicate":false}x`, 0, false},
+	} {
+		seq, ok := acceptedSeq([]byte(tc.answer), prefix)
+		if seq != tc.seq || ok != tc.ok {
+			t.Errorf("acceptedSeq(%s) = %d %t, want %d %t", tc.answer, seq, ok, tc.seq, tc.ok)
+		}
+	}
+}
