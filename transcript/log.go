@@ -24,9 +24,13 @@ const (
 	// loadInactive is the backstop after which the server removes the
 	// ephemeral consumer of a Load that could not delete it.
 	loadInactive = 30 * time.Second
-	// loadResets bounds how often a Load's ordered consumer is recreated
-	// after a gap or a lost heartbeat before the Load fails.
+	// loadResets bounds the attempts to create each replacement of a
+	// Load's ordered consumer (after a gap or missed heartbeats).
 	loadResets = 3
+	// loadHeartbeatMin and loadHeartbeatMax bound the idle heartbeat a Load
+	// asks for (ReadTimeout/5 in between); see read.
+	loadHeartbeatMin = 500 * time.Millisecond
+	loadHeartbeatMax = 5 * time.Second
 
 	// retryMin and retryMax bound the pause between the attempts of one
 	// Append (re-reading a lagging tail, or resending after a 10164).
@@ -59,6 +63,8 @@ type Log struct {
 	writeTimeout time.Duration
 	readTimeout  time.Duration
 	msgGetSubj   string // the stream's STREAM.MSG.GET API subject
+
+	namePrefix func() string // tests only: see loadNamePrefix
 }
 
 // New returns the log of the fleet named by names. The stream must exist
@@ -445,6 +451,17 @@ func (l *Log) Load(ctx context.Context, sessionID string) ([]Entry, uint64, erro
 // live on a replica that is still catching up, so it waits for upTo rather
 // than trusting NumPending; if upTo was removed meanwhile (a purge), the wait
 // runs into ReadTimeout and the Load fails, to be retried.
+//
+// On a cluster the ordered consumer (R1) is placed on any replica of the
+// stream, and the first pull request, sent right after the consumer was
+// created on another server than ours, is sometimes lost (most likely our
+// server does not know that server's interest in the pull subject yet): the
+// consumer then shows no waiting request and delivers nothing. Only the
+// missing idle heartbeats reveal it, after two heartbeat intervals, and the
+// ordered consumer is then recreated and pulls again. With nats.go's
+// default heartbeat for an ordered consumer (5s) that came after our
+// ReadTimeout; read asks for a heartbeat of ReadTimeout/5, so a lost pull
+// costs about two fifths of it (see loadHeartbeat).
 func (l *Log) read(ctx context.Context, subject string, upTo uint64) (entries []Entry, lastSeq uint64, err error) {
 	cctx, cancel := l.readCtx(ctx)
 	cons, err := l.js.OrderedConsumer(cctx, l.names.TranscriptStream(), jetstream.OrderedConsumerConfig{
@@ -452,13 +469,16 @@ func (l *Log) read(ctx context.Context, subject string, upTo uint64) (entries []
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
 		InactiveThreshold: loadInactive,
 		MaxResetAttempts:  loadResets,
+		NamePrefix:        l.loadNamePrefix(),
 	})
 	cancel()
 	if err != nil {
 		return nil, 0, fmt.Errorf("create reader: %w", err)
 	}
 	defer l.deleteConsumer(ctx, cons)
-	it, err := cons.Messages(jetstream.PullMaxMessages(loadBatch))
+	hb := l.loadHeartbeat()
+	it, err := cons.Messages(jetstream.PullMaxMessages(loadBatch),
+		jetstream.PullHeartbeat(hb), jetstream.PullExpiry(4*hb))
 	if err != nil {
 		return nil, 0, fmt.Errorf("start reader: %w", err)
 	}
@@ -490,6 +510,23 @@ func (l *Log) read(ctx context.Context, subject string, upTo uint64) (entries []
 		}
 	}
 	return entries, lastSeq, nil
+}
+
+// loadHeartbeat is the idle heartbeat of a Load's pull requests:
+// ReadTimeout/5 within [loadHeartbeatMin, loadHeartbeatMax]. Two missed
+// heartbeats recreate the consumer, so a lost pull request is retried well
+// within one ReadTimeout.
+func (l *Log) loadHeartbeat() time.Duration {
+	return min(max(l.readTimeout/5, loadHeartbeatMin), loadHeartbeatMax)
+}
+
+// loadNamePrefix names a Load's ordered consumers: "" (nats.go picks a
+// unique name) unless a test set namePrefix to aim at one consumer.
+func (l *Log) loadNamePrefix() string {
+	if l.namePrefix == nil {
+		return ""
+	}
+	return l.namePrefix()
 }
 
 // deleteConsumer removes a Load's ephemeral consumer at once instead of

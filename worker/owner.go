@@ -141,7 +141,8 @@ func newOwner(w *Worker, laneTok string) *owner {
 
 // begin starts an ownership with a freshly acquired lease: it starts the
 // renew loop, writes owner and epoch into the entry, fences the lane's
-// transcripts (from then on no append by a previous owner can land) and
+// transcripts (from then on no append by a previous owner can land;
+// a fence that fails is retried in place while the lease is good) and
 // subscribes to the lane's hints. end, always to be called (after a
 // release or a give-up), waits for the renew loop and unsubscribes. On an
 // error the caller gives up the lane.
@@ -200,7 +201,7 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 	o.log.Debug("lane acquired", slog.Uint64("epoch", lease.Epoch))
 
 	// The fence: from here on, no append by a previous owner can land.
-	if err := o.fenceAll(); err != nil {
+	if err := o.fenceAllRetrying(); err != nil {
 		return end, fmt.Errorf("fence: %w", err)
 	}
 
@@ -461,8 +462,41 @@ func (o *owner) renewLoop(done chan struct{}) {
 	}
 }
 
-// fenceAll appends a fence entry to every transcript the lane may be writing.
-func (o *owner) fenceAll() error {
+// fenceAllRetrying fences the lane's transcripts, and while the lease is
+// good retries in place, after a growing delay (stepRetryDelay) and still
+// renewing, the ones it could not fence (most often: the transcript could
+// not be loaded in time). Giving the lane up instead kept the lease held
+// until it ran out, so the next attempt, here or elsewhere, waited a whole
+// lease TTL and took a new epoch. It ends on a lost lease, a hard stop or a
+// drain (the caller gives the lane up).
+func (o *owner) fenceAllRetrying() error {
+	fenced := map[string]bool{}
+	for n := 1; ; n++ {
+		err := o.fenceAll(fenced)
+		if err == nil || errors.Is(err, kv.ErrLeaseLost) || o.ctx.Err() != nil || o.w.draining() {
+			return err
+		}
+		if o.checkAlive() != nil {
+			return err
+		}
+		d := stepRetryDelay(n)
+		o.log.Warn("fence failed; retrying in place", slog.Int("failures", n), slog.Duration("retry_in", d), slog.Any("error", err))
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-o.w.drainCh:
+		case <-o.ctx.Done():
+		}
+		t.Stop()
+		if o.ctx.Err() != nil || o.w.draining() {
+			return err
+		}
+	}
+}
+
+// fenceAll appends a fence entry to every transcript the lane may be
+// writing that is not in fenced yet, adding each one it fences.
+func (o *owner) fenceAll(fenced map[string]bool) error {
 	sids := map[string]bool{}
 	if o.entry.SessionID != "" {
 		sids[o.entry.SessionID] = true
@@ -476,9 +510,13 @@ func (o *owner) fenceAll() error {
 		}
 	}
 	for sid := range sids {
+		if fenced[sid] {
+			continue
+		}
 		if err := o.fence(sid); err != nil {
 			return err
 		}
+		fenced[sid] = true
 	}
 	return nil
 }
