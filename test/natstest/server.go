@@ -259,6 +259,9 @@ func connect(t testing.TB, urls string, opts []nats.Option) *nats.Conn {
 	t.Helper()
 	all := append([]nats.Option{
 		nats.Name(t.Name()),
+		// nats.go's 2 s connect timeout has run out at a load average of 30
+		// on two cores; a test's own connection waits longer.
+		nats.Timeout(20 * time.Second),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(50 * time.Millisecond),
 		nats.ReconnectJitter(10*time.Millisecond, 10*time.Millisecond),
