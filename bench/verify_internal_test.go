@@ -50,6 +50,11 @@ func TestVerifyAcceptsOnlyInternalAfterTheLastSend(t *testing.T) {
 	if err := onlyInternalAfter(ctx, st, "in.a", last, last); err != nil {
 		t.Fatalf("nothing after the last send: %v", err)
 	}
+	// A lane committed past everything its subject holds: no message of it
+	// is stored there, which is an error, not a pass.
+	if err := onlyInternalAfter(ctx, st, "in.a", stray, stray+5); err == nil {
+		t.Fatal("a commit past the subject's last message was accepted")
+	}
 }
 
 // TestVerifyJudgesStrays: the observer sees a second publish of an answered
