@@ -33,6 +33,7 @@ type LeaderGetRequest struct {
 // LeaderMsg is a message as the stream leader returns it; Header is the
 // encoded header block (nats.DecodeHeadersMsg reads it).
 type LeaderMsg struct {
+	Subject  string `json:"subject"`
 	Sequence uint64 `json:"seq"`
 	Header   []byte `json:"hdrs,omitempty"`
 	Data     []byte `json:"data,omitempty"`

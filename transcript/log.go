@@ -62,7 +62,6 @@ type Log struct {
 	names        broker.Names
 	writeTimeout time.Duration
 	readTimeout  time.Duration
-	msgGetSubj   string // the stream's STREAM.MSG.GET API subject
 
 	namePrefix func() string // tests only: see loadNamePrefix
 }
@@ -97,20 +96,7 @@ func New(js jetstream.JetStream, names broker.Names, opts *Options) (*Log, error
 		names:        names,
 		writeTimeout: o.WriteTimeout,
 		readTimeout:  o.ReadTimeout,
-		msgGetSubj:   apiPrefix(js.Options()) + "STREAM.MSG.GET." + names.TranscriptStream(),
 	}, nil
-}
-
-// apiPrefix is the JetStream API prefix js sends its requests to.
-func apiPrefix(o jetstream.JetStreamOptions) string {
-	switch {
-	case o.APIPrefix != "":
-		return strings.TrimSuffix(o.APIPrefix, ".") + "."
-	case o.Domain != "":
-		return "$JS." + o.Domain + ".API."
-	default:
-		return jetstream.DefaultAPIPrefix
-	}
 }
 
 // Append stores e on the session's subject only if the subject's last
@@ -402,7 +388,7 @@ func (l *Log) Get(ctx context.Context, sessionID string, seq uint64) (*Entry, er
 	if seq == 0 {
 		return nil, fmt.Errorf("get %s seq 0: %w", sessionID, ErrNotFound)
 	}
-	raw, err := l.msgGet(ctx, msgGetRequest{Seq: seq})
+	raw, err := l.msgGet(ctx, broker.LeaderGetRequest{Seq: seq})
 	if err != nil {
 		return nil, fmt.Errorf("get %s seq %d: %w", sessionID, seq, err)
 	}
@@ -550,61 +536,36 @@ func (l *Log) deleteConsumer(ctx context.Context, cons jetstream.Consumer) {
 // resolves ambiguous outcomes and Load picks its end with this read, so it
 // must see every acknowledged write. On R1 both are served by the one server.
 func (l *Log) lastRaw(ctx context.Context, subject string) (*storedMsg, error) {
-	return l.msgGet(ctx, msgGetRequest{LastBySubject: subject})
+	return l.msgGet(ctx, broker.LeaderGetRequest{LastBySubject: subject})
 }
 
-type msgGetRequest struct {
-	Seq           uint64 `json:"seq,omitempty"`
-	LastBySubject string `json:"last_by_subj,omitempty"`
-}
-
-type msgGetResponse struct {
-	Error   *jetstream.APIError `json:"error,omitempty"`
-	Message *storedMsg          `json:"message,omitempty"`
-}
-
-// storedMsg is a message as STREAM.MSG.GET returns it.
+// storedMsg is a message as the stream leader returns it, headers decoded.
 type storedMsg struct {
-	Subject  string      `json:"subject"`
-	Sequence uint64      `json:"seq"`
-	RawHdr   []byte      `json:"hdrs,omitempty"`
-	Data     []byte      `json:"data,omitempty"`
-	Time     time.Time   `json:"time"`
-	Header   nats.Header `json:"-"`
+	Subject  string
+	Sequence uint64
+	Data     []byte
+	Header   nats.Header
 }
 
 // msgGet asks the stream leader for one message; nil when there is none.
-func (l *Log) msgGet(ctx context.Context, req msgGetRequest) (*storedMsg, error) {
+func (l *Log) msgGet(ctx context.Context, req broker.LeaderGetRequest) (*storedMsg, error) {
 	ctx, cancel := l.readCtx(ctx)
 	defer cancel()
-	body, err := json.Marshal(req)
+	stream := l.names.TranscriptStream()
+	m, err := broker.LeaderGet(ctx, l.js, stream, req)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read %s: %w", stream, err)
 	}
-	reply, err := l.js.Conn().RequestWithContext(ctx, l.msgGetSubj, body)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", l.msgGetSubj, err)
-	}
-	var resp msgGetResponse
-	if err := json.Unmarshal(reply.Data, &resp); err != nil {
-		return nil, fmt.Errorf("%s: decode response: %w", l.msgGetSubj, err)
-	}
-	if resp.Error != nil {
-		if resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("%s: %w", l.msgGetSubj, resp.Error)
-	}
-	m := resp.Message
-	if m == nil {
-		return nil, fmt.Errorf("%s: %w", l.msgGetSubj, jetstream.ErrInvalidJetStreamResponse)
-	}
-	if len(m.RawHdr) > 0 {
-		if m.Header, err = nats.DecodeHeadersMsg(m.RawHdr); err != nil {
-			return nil, fmt.Errorf("%s: decode headers of seq %d: %w", l.msgGetSubj, m.Sequence, err)
+	sm := &storedMsg{Subject: m.Subject, Sequence: m.Sequence, Data: m.Data}
+	if len(m.Header) > 0 {
+		if sm.Header, err = nats.DecodeHeadersMsg(m.Header); err != nil {
+			return nil, fmt.Errorf("read %s: decode headers of seq %d: %w", stream, m.Sequence, err)
 		}
 	}
-	return m, nil
+	return sm, nil
 }
 
 // readCtx bounds one read by ReadTimeout unless ctx ends sooner.
