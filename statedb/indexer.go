@@ -393,7 +393,10 @@ func (ix *Indexer) runOnce(ctx context.Context) error {
 			}
 			if err := mg.step(ctx, ix.db); err != nil {
 				// Merging is an optimisation: try again after the next batch.
-				ix.log.Warn("indexer: full-text merge", slog.Any("error", err))
+				// A step cut short by the indexer's stop is not a fault.
+				if ctx.Err() == nil {
+					ix.log.Warn("indexer: full-text merge", slog.Any("error", err))
+				}
 				mg.done = true
 			}
 			if mg.done {

@@ -145,7 +145,6 @@ type idleMerge struct {
 	table int  // the index being merged (ftsTables)
 	quiet int  // consecutive indexes that had nothing to merge
 	done  bool // nothing left to merge since the last batch
-	steps int  // steps run (tests)
 }
 
 // step runs one merge step on the current index.
@@ -155,7 +154,6 @@ func (m *idleMerge) step(ctx context.Context, db *DB) error {
 	if err != nil {
 		return err
 	}
-	m.steps++
 	if did {
 		m.quiet = 0
 		return nil
