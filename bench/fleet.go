@@ -461,10 +461,6 @@ type httpPost struct {
 func httpClientSender(o Options, ids []laneID, url string) (sendFunc, func()) {
 	tr := &http.Transport{MaxIdleConns: len(ids) + 1, MaxIdleConnsPerHost: len(ids) + 1, DisableCompression: true}
 	client := &http.Client{Transport: tr, Timeout: o.ReplyTimeout}
-	textOf := o.text
-	if textOf == nil {
-		textOf = func(i, n int) string { return text(i, n, o.TextSize) }
-	}
 	tmpl, tmplErr := http.NewRequest(http.MethodPost, url, nil)
 	if tmplErr == nil {
 		tmpl.Header = http.Header{"Content-Type": {"application/json"}}
@@ -495,7 +491,7 @@ func httpClientSender(o Options, ids []laneID, url string) (sendFunc, func()) {
 		b = append(b, `,"message_id":"`...)
 		b = strconv.AppendInt(b, int64(n), 10)
 		b = append(b, `","text":`...)
-		b = appendJSONString(b, textOf(i, n))
+		b = appendJSONString(b, o.textOf(i, n))
 		b = append(b, '}')
 		lb.body.Write(b)
 		body := lb.body.Bytes()
@@ -601,16 +597,12 @@ func postMessage(ctx context.Context, client *http.Client, url string, body []by
 // /v1/messages, without the HTTP request, its JSON and the bench's client.
 // The message id is the one the HTTP adapter derives from message_id.
 func adapterSender(o Options, ids []laneID, pub *ingress.Publisher) sendFunc {
-	textOf := o.text
-	if textOf == nil {
-		textOf = func(i, n int) string { return text(i, n, o.TextSize) }
-	}
 	return func(ctx context.Context, i, n int) (sent, error) {
 		l := ids[i]
 		mid := strconv.Itoa(n)
 		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: l.chatID, ChatType: session.ChatDM,
 			UserID: l.userID, UserName: l.userName, MessageID: mid}
-		m := ingress.Message{Source: src, Text: textOf(i, n), DedupID: ingress.PlatformMsgID(session.PlatformHTTP, l.chatID, mid)}
+		m := ingress.Message{Source: src, Text: o.textOf(i, n), DedupID: ingress.PlatformMsgID(session.PlatformHTTP, l.chatID, mid)}
 		start := time.Now()
 		acc, err := pub.Publish(ctx, m)
 		if err != nil {
@@ -641,10 +633,7 @@ func publishSender(o Options, ids []laneID, js jetstream.JetStream, res *broker.
 		} else if found {
 			return sent{}, fmt.Errorf("message id %s is already recorded", pmid)
 		}
-		t := text(i, n, o.TextSize)
-		if o.text != nil {
-			t = o.text(i, n)
-		}
+		t := o.textOf(i, n)
 		in := session.Inbound{Source: src, SessionKey: l.key, Kind: session.KindMessage, Text: t,
 			PlatformMsgID: pmid, ReceivedAt: start.UTC()}
 		m := nats.NewMsg(l.inbox)

@@ -143,6 +143,14 @@ type Options struct {
 	text func(i, n int) string
 }
 
+// textOf makes the text of message n of lane i: o.text's, or the default.
+func (o *Options) textOf(i, n int) string {
+	if o.text != nil {
+		return o.text(i, n)
+	}
+	return text(i, n, o.TextSize)
+}
+
 // Progress is what a running scenario reports.
 type Progress struct {
 	Scenario string
