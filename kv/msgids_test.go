@@ -4,9 +4,6 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/kv"
 )
@@ -148,55 +145,5 @@ func TestMsgIDsNameTheStream(t *testing.T) {
 	}
 	if seq, ok, err := m.Lookup(ctx, "http:c:1"); err != nil || !ok || seq != 5 {
 		t.Fatalf("Lookup = %d, %v, %v", seq, ok, err)
-	}
-}
-
-// TestMsgIDsClaimAsync: a claim whose create is sent without waiting
-// answers as Claim does: the first message owns the id, a later one gets
-// the first's, the same message again gets itself (idempotent), several
-// waiters get one answer, and an id whose record was deleted is claimed
-// again.
-func TestMsgIDsClaimAsync(t *testing.T) {
-	t.Parallel()
-	ev := newEnv(t)
-	ctx := testCtx(t)
-	js, res := ev.connect(t)
-	ajs, err := jetstream.New(js.Conn(), jetstream.WithPublishAsyncTimeout(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := kv.NewMsgIDsAsync(res, ajs)
-	for i := range 10 {
-		id := fmt.Sprintf("telegram:-100123:%d", i)
-		first := kv.MsgRef{Seq: uint64(100 + i), Inbox: "stream-a"}
-		c := m.ClaimAsync(id, first)
-		var wg sync.WaitGroup
-		for range 3 {
-			wg.Go(func() {
-				if got, err := c.Wait(ctx); err != nil || got != first {
-					t.Errorf("ClaimAsync(%q, %+v).Wait = %+v, %v; want %+v", id, first, got, err, first)
-				}
-			})
-		}
-		wg.Wait()
-		if got, err := m.ClaimAsync(id, kv.MsgRef{Seq: 9999, Inbox: "stream-a"}).Wait(ctx); err != nil || got != first {
-			t.Errorf("later ClaimAsync(%q) = %+v, %v; want the first %+v", id, got, err, first)
-		}
-		if got, err := m.ClaimAsync(id, kv.MsgRef{Seq: first.Seq, Inbox: "stream-b"}).Wait(ctx); err != nil || got != first {
-			t.Errorf("ClaimAsync(%q) at the same seq in another stream = %+v, %v; want the first %+v", id, got, err, first)
-		}
-		if got, err := m.ClaimAsync(id, first).Wait(ctx); err != nil || got != first {
-			t.Errorf("ClaimAsync(%q, %+v) again = %+v, %v; want it", id, first, got, err)
-		}
-	}
-	// A deleted record (a delete marker is the key's last message) is
-	// claimed again by the next message.
-	id := "telegram:-100123:0"
-	if err := res.MsgIDs.Delete(ctx, m.Key(id)); err != nil {
-		t.Fatal(err)
-	}
-	next := kv.MsgRef{Seq: 500, Inbox: "stream-a"}
-	if got, err := m.ClaimAsync(id, next).Wait(ctx); err != nil || got != next {
-		t.Errorf("ClaimAsync after delete = %+v, %v; want %+v", got, err, next)
 	}
 }
