@@ -19,7 +19,8 @@ import (
 // transcript load timed out) keeps the lease and retries the fence in
 // place, so the lane is answered under the epoch it was taken with once the
 // stream is back. Giving the lane up instead left the lease held until it
-// ran out, and the next attempt took a new epoch.
+// ran out, and the next attempt took a new epoch. Every message is answered
+// exactly once, in order.
 func TestFenceFailureRetriedInPlace(t *testing.T) {
 	f := newFleet(t)
 	_, stop1 := f.startStoppable("w1", nil)
@@ -73,6 +74,13 @@ func TestFenceFailureRetriedInPlace(t *testing.T) {
 		t.Fatalf("answered under epoch %d, the lane was taken with %d: the lane was given up after its fence failed (%d lines about a failed takeover)",
 			e.LeaseEpoch, epoch, logs.count("take ownership"))
 	}
+	// Afterwards every message is answered exactly once, in order: w2
+	// answered neither the message w1 had committed nor its own twice. A
+	// last message, answered behind them, closes the lane's answers.
+	_, last := f.post("fr", "done", "m3")
+	f.waitCommitted(lane, last)
+	f.waitReplies(lane, 3)
+	f.checkAnsweredOnce(lane, "hello", "again", "done")
 }
 
 // lineCounter is a slog.Handler that counts the lines whose message

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -163,6 +164,44 @@ func (f *fleet) waitReplies(lane string, n int) []session.Reply {
 		return nil
 	})
 	return got
+}
+
+// checkAnsweredOnce checks the lane's outbox against the messages sent to
+// it (their texts, in inbox order): every message answered, none twice, in
+// order, and nothing else (no notice). The echo agent answers a turn with
+// "echo: " and the texts of its messages, one a line (a turn may merge
+// several), so each message is one line of the answers.
+func (f *fleet) checkAnsweredOnce(lane string, sent ...string) {
+	f.t.Helper()
+	rs := f.replies(lane)
+	var got []string
+	ids := map[string]bool{}
+	for _, r := range rs {
+		if r.Kind != session.ReplyKindReply || !strings.HasPrefix(r.Text, "echo: ") {
+			f.t.Errorf("lane %s: a %s %q among the answers", lane, r.Kind, r.Text)
+			continue
+		}
+		if ids[r.ID] {
+			f.t.Errorf("lane %s: reply %s published twice", lane, r.ID)
+		}
+		ids[r.ID] = true
+		got = append(got, strings.Split(strings.TrimPrefix(r.Text, "echo: "), "\n")...)
+	}
+	count := map[string]int{}
+	for _, m := range got {
+		count[m]++
+	}
+	for _, m := range sent {
+		switch n := count[m]; {
+		case n == 0:
+			f.t.Errorf("lane %s: %q never answered", lane, m)
+		case n > 1:
+			f.t.Errorf("lane %s: %q answered %d times", lane, m, n)
+		}
+	}
+	if !slices.Equal(got, sent) {
+		f.t.Errorf("lane %s: answers %q, want %q (each message once, in inbox order)", lane, got, sent)
+	}
 }
 
 func (f *fleet) waitCommitted(lane string, seq uint64) *session.SessionEntry {
