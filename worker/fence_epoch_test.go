@@ -52,6 +52,9 @@ func TestNoFenceAfterANewerEpochsFence(t *testing.T) {
 		}
 		return fmt.Errorf("lost %d, replies %d", w2.Stats().LeasesLost.Load(), len(f.replies(lane)))
 	})
+	// Afterwards m1 is answered exactly once, and m2 not at all: the lane
+	// is the newer owner's (an answer of w2's would overtake it).
+	f.checkAnsweredOnce(lane, "hello")
 	entries, _, err := f.tx.Load(t.Context(), e.SessionID)
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +69,4 @@ func TestNoFenceAfterANewerEpochsFence(t *testing.T) {
 		}
 		fence = x.Epoch
 	}
-	// Afterwards m1 is answered exactly once, and m2 not at all: the lane
-	// is the newer owner's (an answer of w2's would overtake it).
-	f.checkAnsweredOnce(lane, "hello")
 }
