@@ -3,6 +3,7 @@ package statedb_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -11,10 +12,13 @@ import (
 	"github.com/agentfleet/agentfleet/transcript"
 )
 
+// ftsTables are the full-text tables the idle merge keeps merged.
+var ftsTables = []string{"messages_fts", "messages_fts_trigram"}
+
 // segmentsOver returns the first level of either FTS table holding more
 // than max segments, as an error.
 func segmentsOver(db *statedb.DB, max int) error {
-	for _, table := range []string{"messages_fts", "messages_fts_trigram"} {
+	for _, table := range ftsTables {
 		levels, err := statedb.FTSSegments(db, table)
 		if err != nil {
 			return err
@@ -26,6 +30,50 @@ func segmentsOver(db *statedb.DB, max int) error {
 		}
 	}
 	return nil
+}
+
+// ftsLevels reads the segment count of each level of both FTS tables; a
+// table without a structure record yet has no level.
+func ftsLevels(t *testing.T, db *statedb.DB) map[string][]int {
+	t.Helper()
+	out := map[string][]int{}
+	for _, table := range ftsTables {
+		levels, err := statedb.FTSSegments(db, table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[table] = levels
+	}
+	return out
+}
+
+func sum(levels []int) int {
+	n := 0
+	for _, x := range levels {
+		n += x
+	}
+	return n
+}
+
+// several reports whether some level holds more than one segment: there is
+// something for the idle merge to do.
+func several(levels []int) bool {
+	return slices.ContainsFunc(levels, func(n int) bool { return n > 1 })
+}
+
+// checkMerged checks that each table's index is merged as the idle merge
+// intends: at most one segment per level, and at least one segment (an
+// index with rows has one), fewer than before when before is given.
+func checkMerged(t *testing.T, db *statedb.DB, before map[string][]int) {
+	t.Helper()
+	for table, levels := range ftsLevels(t, db) {
+		if several(levels) || sum(levels) == 0 {
+			t.Errorf("%s after the merge: segments per level %v, want one on each level that has any", table, levels)
+		}
+		if b, ok := before[table]; ok && sum(levels) >= sum(b) {
+			t.Errorf("%s: %d segments after the merge (%v), %d before (%v): want fewer", table, sum(levels), levels, sum(b), b)
+		}
+	}
 }
 
 // TestIndexerMergesWhenIdle: batches applied one by one leave several FTS
@@ -67,15 +115,23 @@ func TestIndexerMergesWhenIdle(t *testing.T) {
 		}
 	}
 
-	// Without the idle merge: rounds until a level holds several segments.
+	// Without the idle merge: rounds until a level of each index holds
+	// several segments, so the merge has something to do (a read error
+	// fails the test rather than passing for "several").
 	stop := run("nomerge", -1)
-	for r := 0; segmentsOver(db, 1) == nil; r++ {
+	var unmerged map[string][]int
+	for r := 0; ; r++ {
+		unmerged = ftsLevels(t, db)
+		if several(unmerged[ftsTables[0]]) && several(unmerged[ftsTables[1]]) {
+			break
+		}
 		if r == 20 {
-			t.Fatal("20 batches left no level with two segments")
+			t.Fatalf("20 batches left no level with two segments: %v", unmerged)
 		}
 		write(1)
 	}
 	stop()
+	t.Logf("segments per level before the merge: %v", unmerged)
 	before, err := db.SearchMessages(ctx, "merge", statedb.SearchOptions{Limit: 500})
 	if err != nil {
 		t.Fatal(err)
@@ -88,6 +144,8 @@ func TestIndexerMergesWhenIdle(t *testing.T) {
 	stop = run("nomerge", 50*time.Millisecond)
 	defer stop()
 	natstest.WaitFor(t, 120*time.Second, "the idle indexer to merge", func() error { return segmentsOver(db, 1) })
+	checkMerged(t, db, unmerged)
+	t.Logf("segments per level after the merge: %v", ftsLevels(t, db))
 	after, err := db.SearchMessages(ctx, "merge", statedb.SearchOptions{Limit: 500})
 	if err != nil {
 		t.Fatal(err)
@@ -105,9 +163,14 @@ func TestIndexerMergesWhenIdle(t *testing.T) {
 		}
 	}
 
-	// Later batches: applied, then merged again once idle.
+	// Later batches, applied by the same indexer: merged again in the
+	// next idle time (it may merge between them too). Without that merge
+	// six batches cannot leave one segment per level: each adds one to
+	// level 0, and FTS5's own automerge only merges a level once it holds
+	// four.
 	write(6)
 	natstest.WaitFor(t, 120*time.Second, "the idle indexer to merge again", func() error { return segmentsOver(db, 1) })
+	checkMerged(t, db, nil)
 	got, err := db.SearchMessages(ctx, "merge", statedb.SearchOptions{Limit: 500})
 	if err != nil {
 		t.Fatal(err)
