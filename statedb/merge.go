@@ -57,7 +57,10 @@ func decodeFTSStructure(b []byte) ([]int, error) {
 	for l := range levels {
 		_, ok1 := next() // segments being merged
 		n, ok2 := next()
-		if !ok1 || !ok2 {
+		// Each segment takes perSeg varints of a byte or more: a count
+		// beyond what is left is malformed (and int(n)*perSeg could
+		// overflow into a count that reads nothing).
+		if !ok1 || !ok2 || n > uint64(len(b)/perSeg) {
 			return nil, bad
 		}
 		levels[l] = int(n)
