@@ -429,12 +429,15 @@ func (s *Server) acceptCtx(rctx context.Context, m *inboxMessage) (resp *acceptR
 // worker's msgids claim (worker/msgids.go), so nothing runs or is answered
 // twice.
 func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptResponse, *apiError) {
+	// One bound for both, which run at once.
+	ctx, cancel := s.opCtx(rctx)
+	defer cancel()
 	var lookup chan msgIDLookup
 	if m.inbound.PlatformMsgID != "" {
 		lookup = make(chan msgIDLookup, 1)
-		go func() { lookup <- s.lookupMsgID(rctx, m.inbound.PlatformMsgID) }()
+		go func() { lookup <- s.lookupMsgID(ctx, m.inbound.PlatformMsgID) }()
 	}
-	ack, e, err := s.publishInbox(rctx, m)
+	ack, e, err := s.publishInbox(ctx, m)
 	if lookup == nil {
 		if e != nil {
 			return nil, e
@@ -462,30 +465,29 @@ func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptRespons
 		return resp, e
 	}
 	// An unreadable record would make the worker's claim fail: replace it.
-	ctx, cancel := s.opCtx(rctx)
-	_, err = s.res.MsgIDs.Put(ctx, s.msgIDs.Key(m.inbound.PlatformMsgID), []byte(strconv.FormatUint(ack.Sequence, 10)))
-	cancel()
+	pctx, pcancel := s.opCtx(rctx)
+	_, err = s.res.MsgIDs.Put(pctx, s.msgIDs.Key(m.inbound.PlatformMsgID), []byte(strconv.FormatUint(ack.Sequence, 10)))
+	pcancel()
 	if err != nil {
 		return nil, unavailable("the message was stored but its unreadable id record could not be replaced; retry", err)
 	}
 	return resp, nil
 }
 
-// publishInbox publishes m to its inbox subject: e when m cannot be
-// encoded or is too large (nothing was published), else the publish's
-// PubAck or error.
-func (s *Server) publishInbox(rctx context.Context, m *inboxMessage) (*jetstream.PubAck, *apiError, error) {
-	msg, e := s.inboxMsg(rctx, m)
+// publishInbox publishes m to its inbox subject within ctx (an opCtx): e
+// when m cannot be encoded or is too large (nothing was published), else
+// the publish's PubAck or error.
+func (s *Server) publishInbox(ctx context.Context, m *inboxMessage) (*jetstream.PubAck, *apiError, error) {
+	msg, e := s.inboxMsg(ctx, m)
 	if e != nil {
 		return nil, e, nil
 	}
-	ctx, cancel := s.opCtx(rctx)
-	defer cancel()
 	// No stream takes the subject while a migration moves the lane's
 	// partition between inbox streams (seconds): the publish is retried
 	// until the request's publish timeout, then answered 503 (the client's
 	// retry, with the same message id, is de-duplicated).
-	ack, err := s.js.PublishMsg(ctx, msg, append(broker.InboxPublishOptions(), jetstream.WithMsgID(m.msgID))...)
+	opts := append(s.inboxOpts[:len(s.inboxOpts):len(s.inboxOpts)], jetstream.WithMsgID(m.msgID))
+	ack, err := s.js.PublishMsg(ctx, msg, opts...)
 	if err == nil {
 		if _, ok := s.names.InboxStreamIndex(ack.Stream); !ok {
 			err = fmt.Errorf("stored by stream %s, not an inbox stream of prefix %q", ack.Stream, s.names.Prefix())
@@ -538,12 +540,14 @@ func (s *Server) inboxMsg(ctx context.Context, m *inboxMessage) (*nats.Msg, *api
 	if err != nil {
 		return nil, &apiError{status: http.StatusInternalServerError, msg: "cannot encode the message", err: err}
 	}
-	msg := nats.NewMsg(m.subject)
-	msg.Data = body
-	msg.Header.Set(broker.HdrSessionKey, m.inbound.SessionKey)
-	msg.Header.Set(broker.HdrKind, m.inbound.Kind)
+	// One array holds the header values, and the map has room for the
+	// publish's own headers (Msg-Id, expected stream) and a traceparent.
+	vals := [3]string{m.inbound.SessionKey, m.inbound.Kind, m.inbound.PlatformMsgID}
+	msg := &nats.Msg{Subject: m.subject, Data: body, Header: make(nats.Header, 6)}
+	msg.Header[broker.HdrSessionKey] = vals[0:1:1]
+	msg.Header[broker.HdrKind] = vals[1:2:2]
 	if m.inbound.PlatformMsgID != "" {
-		msg.Header.Set(broker.HdrPlatformMsgID, m.inbound.PlatformMsgID)
+		msg.Header[broker.HdrPlatformMsgID] = vals[2:3:3]
 	}
 	telemetry.Inject(ctx, msg.Header)
 	if limit := s.maxPayload(); limit > 0 {
@@ -581,10 +585,9 @@ type msgIDLookup struct {
 	err            error
 }
 
-// lookupMsgID reads the inbox seq recorded for pmid, if any.
-func (s *Server) lookupMsgID(rctx context.Context, pmid string) msgIDLookup {
-	ctx, cancel := s.opCtx(rctx)
-	defer cancel()
+// lookupMsgID reads the inbox seq recorded for pmid, if any, within ctx
+// (an opCtx).
+func (s *Server) lookupMsgID(ctx context.Context, pmid string) msgIDLookup {
 	e, err := s.res.MsgIDs.Get(ctx, s.msgIDs.Key(pmid))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return msgIDLookup{}
@@ -594,7 +597,7 @@ func (s *Server) lookupMsgID(rctx context.Context, pmid string) msgIDLookup {
 	}
 	r, err := kv.ParseMsgRef(e.Value())
 	if err != nil {
-		s.log.LogAttrs(rctx, slog.LevelWarn, "replacing unreadable msgids record",
+		s.log.LogAttrs(ctx, slog.LevelWarn, "replacing unreadable msgids record",
 			slog.String("platform_msg_id", pmid), slog.String("value", string(e.Value())))
 		return msgIDLookup{corrupt: true}
 	}
