@@ -446,6 +446,8 @@ func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptRespons
 	}
 	l := <-lookup
 	if l.err != nil {
+		// The publish may have stored the message: the client's retry,
+		// with the same id, is a duplicate of it.
 		return nil, unavailable("cannot check the message id for duplicates; retry", l.err)
 	}
 	// A record of this very publish (the worker incorporated the message
