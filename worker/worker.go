@@ -60,7 +60,12 @@ type Worker struct {
 	started       time.Time
 	watcherLeader atomic.Bool
 	heldElsewhere sync.Map // lane -> heldInfo: another worker is known to hold it (forward.go)
-	fwd           forwards
+	// mayHold holds the lanes this worker no longer runs whose lease it
+	// may still hold (a release whose delete failed, an ownership given
+	// up with the lease not known lost): lane -> time.Time until which it
+	// may (see owner.leftHeld, drainingForward).
+	mayHold sync.Map
+	fwd     forwards
 
 	// backlog is the watcher leader's last inbox backlog count (backlog.go).
 	backlog atomic.Pointer[telemetry.Backlog]
@@ -225,6 +230,12 @@ func (w *Worker) Run(ctx context.Context) error {
 				w.heldElsewhere.Range(func(k, v any) bool {
 					if now.After(v.(heldInfo).until) {
 						w.heldElsewhere.Delete(k)
+					}
+					return true
+				})
+				w.mayHold.Range(func(k, v any) bool {
+					if now.After(v.(time.Time)) {
+						w.mayHold.CompareAndDelete(k, v)
 					}
 					return true
 				})
