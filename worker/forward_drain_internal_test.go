@@ -48,22 +48,7 @@ func TestForwardToADrainingWorkerGoesBackAtOnce(t *testing.T) {
 	}
 	store := kv.NewStore(res, nil)
 
-	// Every acknowledgement of an inbox delivery, by stream seq.
-	var ackMu sync.Mutex
-	acks := map[uint64][]string{}
-	ackSub, err := nc.Subscribe("$JS.ACK.>", func(m *nats.Msg) {
-		md, err := (&nats.Msg{Reply: m.Subject, Sub: m.Sub}).Metadata()
-		if err != nil || md.Stream != names.InboxStream() {
-			return
-		}
-		ackMu.Lock()
-		acks[md.Sequence.Stream] = append(acks[md.Sequence.Stream], string(m.Data))
-		ackMu.Unlock()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ackSub.Unsubscribe() }) //nolint:errcheck
+	acksOf := watchAcks(t, nc, names)
 
 	keyOf := func(chat string) (key, lane string) {
 		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: chat, ChatType: session.ChatDM, UserID: "u"}
@@ -236,20 +221,129 @@ func TestForwardToADrainingWorkerGoesBackAtOnce(t *testing.T) {
 		if e.Owner != a.Owner() {
 			t.Errorf("%s: owned by %q after the holder's release, want %q", c.lane, e.Owner, a.Owner())
 		}
-		ackMu.Lock()
-		got := acks[c.seq]
-		ackMu.Unlock()
-		for _, s := range got {
-			if strings.HasPrefix(s, "-NAK") && strings.Contains(s, "delay") {
-				t.Errorf("%s: the delivery of seq %d was handed back with a delay (%q; all: %q)", c.lane, c.seq, s, got)
-			}
-		}
-		if len(got) == 0 {
-			t.Errorf("%s: no acknowledgement seen for seq %d", c.lane, c.seq)
-		}
+		checkNoDelayedNak(t, c.lane, c.seq, acksOf(c.seq))
 	}
 	open("stuck")
 	<-stopped
+}
+
+// watchAcks records every acknowledgement of an inbox delivery (acks, NAKs,
+// in-progress signals: publishes to the delivery's reply subject) and
+// returns those of a stream seq so far.
+func watchAcks(t *testing.T, nc *nats.Conn, names broker.Names) func(seq uint64) []string {
+	var mu sync.Mutex
+	acks := map[uint64][]string{}
+	sub, err := nc.Subscribe("$JS.ACK.>", func(m *nats.Msg) {
+		md, err := (&nats.Msg{Reply: m.Subject, Sub: m.Sub}).Metadata()
+		if err != nil || md.Stream != names.InboxStream() {
+			return
+		}
+		mu.Lock()
+		acks[md.Sequence.Stream] = append(acks[md.Sequence.Stream], string(m.Data))
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() }) //nolint:errcheck
+	return func(seq uint64) []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(acks[seq])
+	}
+}
+
+// checkNoDelayedNak fails the test if the acknowledgements got of the
+// delivery of seq hold a NAK with a delay, or are none.
+func checkNoDelayedNak(t *testing.T, lane string, seq uint64, got []string) {
+	t.Helper()
+	for _, s := range got {
+		if strings.HasPrefix(s, "-NAK") && strings.Contains(s, "delay") {
+			t.Errorf("%s: the delivery of seq %d was handed back with a delay (%q; all: %q)", lane, seq, s, got)
+		}
+	}
+	if len(got) == 0 {
+		t.Errorf("%s: no acknowledgement seen for seq %d", lane, seq)
+	}
+}
+
+// TestLeaseGoneWhenReadIsTaken: a lease acquisition whose create was
+// refused but which found no lease when it read the holder (it was
+// released, or ran out, in between: common in a rolling restart) takes the
+// lane at once. It used to count as held by nobody in particular, and the
+// delivery went back with a delay (a whole lease TTL with a turn in
+// flight), its turn waiting that long.
+func TestLeaseGoneWhenReadIsTaken(t *testing.T) {
+	t.Parallel()
+	srv := natstest.RunServer(t)
+	nc := srv.Connect(t)
+	js := natstest.JetStream(t, nc)
+	names := broker.MustNames("fleet")
+	const ttl = 30 * time.Second
+	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acksOf := watchAcks(t, nc, names)
+	w, err := New(nc, js, res, Config{ID: "w", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: ttl,
+		Reset: session.ResetConfig{Default: session.ResetPolicy{Mode: session.ResetNone}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first acquisition meets the lease gone by the time it reads it.
+	var vanished sync.Once
+	acquire := w.acquireLease
+	w.acquireLease = func(ctx context.Context, lane, owner string, live uint64) (*kv.Lease, error) {
+		gone := false
+		vanished.Do(func() { gone = true })
+		if gone {
+			return nil, &kv.HeldError{Lane: lane}
+		}
+		return acquire(ctx, lane, owner, live)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("worker: %v", err)
+		}
+	})
+
+	src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: "vanished", ChatType: session.ChatDM, UserID: "u"}
+	key := session.BuildSessionKey(src, session.DefaultKeyOptions())
+	lane := session.LaneToken(key)
+	data, _ := json.Marshal(session.Inbound{Source: src, SessionKey: key, Kind: session.KindMessage, Text: "hello", ReceivedAt: time.Now()})
+	msg := nats.NewMsg(names.InboxSubject(session.Partition(names.Prefix(), lane), lane))
+	msg.Data = data
+	msg.Header.Set(broker.HdrSessionKey, key)
+	msg.Header.Set(broker.HdrKind, session.KindMessage)
+	ack, err := js.PublishMsg(t.Context(), msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := kv.NewStore(res, nil)
+	natstest.WaitFor(t, 60*time.Second, "the message to be run", func() error {
+		e, _, err := store.Get(t.Context(), lane)
+		if err != nil {
+			return err
+		}
+		if e.CommittedSeq < ack.Sequence {
+			return fmt.Errorf("committed %d < %d", e.CommittedSeq, ack.Sequence)
+		}
+		return nil
+	})
+	natstest.WaitFor(t, 30*time.Second, "the delivery acknowledged", func() error {
+		if len(acksOf(ack.Sequence)) == 0 {
+			return fmt.Errorf("no acknowledgement yet")
+		}
+		return nil
+	})
+	checkNoDelayedNak(t, lane, ack.Sequence, acksOf(ack.Sequence))
+	if n := w.Stats().HeldElsewhere.Load(); n != 0 {
+		t.Errorf("the lane counted %d times as held elsewhere", n)
+	}
 }
 
 // fakeMsg records how a delivery was handed back.

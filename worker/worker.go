@@ -36,13 +36,15 @@ type Worker struct {
 	names  broker.Names
 	store  *kv.Store
 	leases *kv.Leases
-	live   *liveness
-	msgids *kv.MsgIDs
-	tx     *transcript.Log
-	owner  string
-	log    *slog.Logger
-	tracer trace.Tracer
-	cache  *agentCache
+	// acquireLease is leases.AcquireBound (a test may wrap it).
+	acquireLease func(ctx context.Context, lane, owner string, live uint64) (*kv.Lease, error)
+	live         *liveness
+	msgids       *kv.MsgIDs
+	tx           *transcript.Log
+	owner        string
+	log          *slog.Logger
+	tracer       trace.Tracer
+	cache        *agentCache
 
 	inboxes   *broker.InboxSet
 	mu        sync.Mutex
@@ -152,6 +154,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Confi
 		drainCh:   make(chan struct{}),
 		started:   time.Now(),
 	}
+	w.acquireLease = w.leases.AcquireBound
 	w.log = c.Logger.With(slog.String("worker", w.owner))
 	w.cache.metrics = c.Metrics
 	w.tracer = telemetry.Tracer(c.TracerProvider)
