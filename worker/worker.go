@@ -36,15 +36,16 @@ type Worker struct {
 	names  broker.Names
 	store  *kv.Store
 	leases *kv.Leases
+	live   *liveness
+	msgids *kv.MsgIDs
+	tx     *transcript.Log
+	owner  string
+	log    *slog.Logger
+	tracer trace.Tracer
+	cache  *agentCache
+
 	// acquireLease is leases.AcquireBound (a test may wrap it).
 	acquireLease func(ctx context.Context, lane, owner string, live uint64) (*kv.Lease, error)
-	live         *liveness
-	msgids       *kv.MsgIDs
-	tx           *transcript.Log
-	owner        string
-	log          *slog.Logger
-	tracer       trace.Tracer
-	cache        *agentCache
 
 	inboxes   *broker.InboxSet
 	mu        sync.Mutex
@@ -62,12 +63,13 @@ type Worker struct {
 	started       time.Time
 	watcherLeader atomic.Bool
 	heldElsewhere sync.Map // lane -> heldInfo: another worker is known to hold it (forward.go)
+	fwd           forwards
+
 	// mayHold holds the lanes this worker no longer runs whose lease it
 	// may still hold (a release whose delete failed, an ownership given
 	// up with the lease not known lost): lane -> time.Time until which it
 	// may (see owner.leftHeld, drainingForward).
 	mayHold sync.Map
-	fwd     forwards
 
 	// backlog is the watcher leader's last inbox backlog count (backlog.go).
 	backlog atomic.Pointer[telemetry.Backlog]
