@@ -94,7 +94,8 @@ func (t *txState) lastRole() string {
 	return t.hist[len(t.hist)-1].Role
 }
 
-// agentHistory is historyOf(history()), shared read-only the same way.
+// agentHistory is historyOf(history()), shared read-only: its capacity is
+// clipped so that later appends never show through.
 func (t *txState) agentHistory() []agent.Message {
 	if t.hist == nil {
 		return []agent.Message{} // as historyOf gives: never nil
