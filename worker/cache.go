@@ -20,10 +20,10 @@ type txState struct {
 	last      uint64
 	ids       map[string]bool
 	userSeqs  map[userKey]bool
-	// effective is transcript.Effective(entries), kept up to date by add;
-	// hist is historyOf(effective), the agent's history, kept with it.
-	effective []transcript.Entry
-	hist      []agent.Message
+	// hist is historyOf(transcript.Effective(entries)), the agent's
+	// history, kept up to date by add (the effective entries themselves
+	// are computed when asked for: see history).
+	hist []agent.Message
 }
 
 // userKey names the inbox message a user entry came from: its stream's
@@ -68,26 +68,34 @@ func (t *txState) add(e transcript.Entry) {
 				}
 			}
 		}
-		t.effective = transcript.Effective(t.entries)
-		t.hist = historyOf(t.effective)
+		t.hist = historyOf(transcript.Effective(t.entries))
 		return
 	}
 	if e.Kind == transcript.KindMessage && !e.Deleted {
 		switch e.Role {
 		case transcript.RoleUser, transcript.RoleAssistant, transcript.RoleTool, transcript.RoleSystem:
-			t.effective = append(t.effective, e)
 			t.hist = append(t.hist, messageOf(e))
 		}
 	}
 }
 
-// history is the effective transcript, shared read-only: its capacity is
-// clipped so that later appends never show through.
+// history is the effective transcript, transcript.Effective(entries): a
+// rewind only deletes entries before it, so this is what add kept in hist,
+// entry for entry. Built when asked for (a narrowed retry), not per append.
 func (t *txState) history() []transcript.Entry {
-	return t.effective[:len(t.effective):len(t.effective)]
+	return transcript.Effective(t.entries)
 }
 
-// agentHistory is historyOf(history()), shared read-only the same way.
+// lastRole is the role of the last effective entry, "" when none.
+func (t *txState) lastRole() string {
+	if len(t.hist) == 0 {
+		return ""
+	}
+	return t.hist[len(t.hist)-1].Role
+}
+
+// agentHistory is historyOf(history()), shared read-only: its capacity is
+// clipped so that later appends never show through.
 func (t *txState) agentHistory() []agent.Message {
 	if t.hist == nil {
 		return []agent.Message{} // as historyOf gives: never nil

@@ -72,8 +72,7 @@ func isResumeNote(n string) bool {
 // previous turn stopped before the agent answered what its tools returned.
 // It must be judged before the new turn's user entries are appended.
 func toolTailNote(st *txState) string {
-	eff := st.effective
-	if len(eff) > 0 && eff[len(eff)-1].Role == "tool" {
+	if st.lastRole() == "tool" {
 		return "[System note: Your previous turn ended while processing tool results. Finish processing the interrupted tool results before addressing the new user message.]"
 	}
 	return ""
