@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,11 +27,27 @@ type MigrateOptions struct {
 	// Log receives progress (nil: none).
 	Log *slog.Logger
 
-	// Test hooks: afterDrain runs between a drain and its flip, afterFlip
-	// after the flip (an error stops the migration there, as a kill would).
-	afterDrain func(round int)
-	afterFlip  func(round int) error
+	// Test hook: step runs after each step the migration takes (the names
+	// are the step constants); an error stops the migration there, as a
+	// kill would.
+	step func(name string) error
 }
+
+// The steps of a migration, as the step test hook names them, in the order
+// a migration meets them.
+const (
+	stepGrown         = "grown"           // new streams added, the old ones on exact subjects; the map not yet written
+	stepGrowWritten   = "grow-written"    // the map names the new streams
+	stepClosed        = "closed"          // close: the map marks the batch moving
+	stepCloseSubjects = "close-subjects"  // close: neither the old nor the new streams take the batch's subjects
+	stepDrained       = "drained"         // every message of the batch up to its marker committed
+	stepFlipped       = "flipped"         // the map names the new streams, with the purge bounds
+	stepPurged        = "purged"          // the batch's partitions purged from their old streams
+	stepOpenSubjects  = "open-subjects"   // open: the new streams take the batch's subjects; the map not yet written
+	stepOpened        = "opened"          // open: the map drops the moves
+	stepShrinkSubject = "shrink-subjects" // back to one stream: it takes the wildcard; the map not yet written
+	stepFinal         = "final"           // the map has the target count; the emptied streams not yet deleted
+)
 
 // MigrateReport says what a migration did.
 type MigrateReport struct {
@@ -59,9 +76,9 @@ var ErrMapChanged = errors.New("the inbox map changed under the migration (anoth
 //     stream, which the map still names);
 //  3. flip: the map names the new stream; owners bound to the old one
 //     release the lane when idle;
-//  4. purge the partition from the old stream (all of it committed), so a
-//     stream only ever holds messages of the partitions assigned to it;
-//  5. open: the new stream takes the subject, the map drops the move.
+//  4. purge the partition from the old stream, so a stream only ever holds
+//     messages of the partitions assigned to it;
+//  5. open: the new stream takes the subject, then the map drops the move.
 //
 // Every step is written to the map first (by compare-and-set), so a
 // migration stopped anywhere is finished by running it again with the same
@@ -98,6 +115,11 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 		return rep, fmt.Errorf("a migration to %d streams is under way: finish it first (fleetctl inbox streams %d)", mg.m.Target, mg.m.Target)
 	}
 	if !mg.m.Migrating() && mg.m.Streams == target {
+		// A migration stopped after its last map write leaves its emptied
+		// streams behind.
+		if err := mg.deleteFrom(ctx, target); err != nil {
+			return rep, err
+		}
 		rep.Took = time.Since(start)
 		return rep, nil
 	}
@@ -132,7 +154,13 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 				return rep, err
 			}
 		}
+		if err := mg.step(stepGrown); err != nil {
+			return rep, err
+		}
 		if err := mg.write(ctx, next); err != nil {
+			return rep, err
+		}
+		if err := mg.step(stepGrowWritten); err != nil {
 			return rep, err
 		}
 	} else if mg.m.Target != target {
@@ -170,25 +198,53 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 		if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, final, 0); err != nil {
 			return rep, err
 		}
+		if err := mg.step(stepShrinkSubject); err != nil {
+			return rep, err
+		}
 	}
-	prev := mg.m.Streams
 	if err := mg.write(ctx, final); err != nil {
 		return rep, err
 	}
-	for i := target; i < prev; i++ {
-		name := f.Names.InboxStreamAt(i)
-		if st, err := f.JS.Stream(ctx, name); err == nil {
-			if info, err := st.Info(ctx); err == nil && info.State.Msgs > 0 {
-				return rep, fmt.Errorf("inbox stream %s still holds %d messages after its partitions moved: left in place", name, info.State.Msgs)
-			}
-		}
-		if err := f.JS.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return rep, fmt.Errorf("delete the emptied inbox stream %s: %w", name, err)
-		}
+	if err := mg.step(stepFinal); err != nil {
+		return rep, err
+	}
+	if err := mg.deleteFrom(ctx, target); err != nil {
+		return rep, err
 	}
 	rep.Took = time.Since(start)
 	log.Info("inbox migration done", slog.Int("streams", target), slog.Int("moved", rep.Moved), slog.Duration("took", rep.Took))
 	return rep, nil
+}
+
+// deleteFrom deletes the inbox streams from index first on, which the map
+// no longer names: each must hold nothing.
+func (mg *migration) deleteFrom(ctx context.Context, first int) error {
+	f := mg.f
+	for i := first; i < broker.MaxInboxStreams; i++ {
+		name := f.Names.InboxStreamAt(i)
+		st, err := f.JS.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("inbox stream %s: %w", name, err)
+		}
+		if info, err := st.Info(ctx); err == nil && info.State.Msgs > 0 {
+			return fmt.Errorf("inbox stream %s still holds %d messages after its partitions moved: left in place", name, info.State.Msgs)
+		}
+		if err := f.JS.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("delete the emptied inbox stream %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// step runs the step test hook.
+func (mg *migration) step(name string) error {
+	if mg.o.step == nil {
+		return nil
+	}
+	return mg.o.step(name)
 }
 
 type migration struct {
@@ -264,22 +320,23 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 	if err := mg.write(ctx, next); err != nil {
 		return res, err
 	}
-	froms := map[int]bool{}
-	for _, mv := range batch {
-		froms[mv.From] = true
+	if err := mg.step(stepClosed); err != nil {
+		return res, err
 	}
-	for i := range froms {
+	for _, i := range streamsOf(batch, true, false) {
 		if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, mg.m, i); err != nil {
 			return res, err
 		}
+	}
+	if err := mg.step(stepCloseSubjects); err != nil {
+		return res, err
 	}
 	began := time.Now()
 	dctx, cancel := context.WithTimeout(ctx, mg.o.DrainTimeout)
 	defer cancel()
 	for round := 0; ; round++ {
-		// 2. drain the moves still reading from their old stream (and any
-		// flipped by a version that did not record the drain's bound: it
-		// is verified again).
+		// 2. drain the moves still reading from their old stream (and any flipped by a version that did not record the
+		// drain's bound: it is verified again).
 		var pending []broker.Move
 		for _, mv := range mg.m.Moving {
 			if !mg.m.Flipped(mv) || mv.Drained == nil {
@@ -292,8 +349,8 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 				return res, mg.reopen(ctx, err)
 			}
 			res.drain = time.Since(began)
-			if mg.o.afterDrain != nil {
-				mg.o.afterDrain(round)
+			if err := mg.step(stepDrained); err != nil {
+				return res, err
 			}
 			// 3. flip, with each partition's purge bound.
 			next := mg.m.Clone()
@@ -306,10 +363,8 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 			if err := mg.write(ctx, next); err != nil {
 				return res, err
 			}
-			if mg.o.afterFlip != nil {
-				if err := mg.o.afterFlip(round); err != nil {
-					return res, err
-				}
+			if err := mg.step(stepFlipped); err != nil {
+				return res, err
 			}
 		}
 		// 4. purge, up to the bounds.
@@ -317,11 +372,14 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 		if err != nil {
 			return res, err
 		}
+		if err := mg.step(stepPurged); err != nil {
+			return res, err
+		}
 		if len(residue) == 0 {
 			break
 		}
-		// Messages stored after the drain looked: back to the old
-		// stream, still closed, and drain again.
+		// Messages stored after the drain looked: back to the old stream, still
+		// closed, and drain again.
 		back := mg.m.Clone()
 		for i, mv := range back.Moving {
 			if residue[mv.P] {
@@ -335,24 +393,41 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 		mg.log.Warn("inbox partitions got messages in their old stream after its drain: drained again",
 			slog.Int("partitions", len(residue)), slog.Int("round", round))
 	}
-	// 5. open.
+	// 5. open: the new streams take the subjects, then the map says so.
 	next = mg.m.Clone()
 	next.Moving = nil
-	tos := map[int]bool{}
-	for _, mv := range batch {
-		tos[mv.To] = true
-	}
-	for i := range tos {
+	for _, i := range streamsOf(batch, false, true) {
 		if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, next, i); err != nil {
 			return res, err
 		}
 	}
+	if err := mg.step(stepOpenSubjects); err != nil {
+		return res, err
+	}
 	if err := mg.write(ctx, next); err != nil {
+		return res, err
+	}
+	if err := mg.step(stepOpened); err != nil {
 		return res, err
 	}
 	res.moved = batch
 	mg.log.Info("inbox partitions moved", slog.Int("partitions", len(batch)), slog.Duration("drain", res.drain))
 	return res, nil
+}
+
+// streamsOf lists, in order, the old (from) and/or new (to) streams of moves.
+func streamsOf(moves []broker.Move, from, to bool) []int {
+	var out []int
+	for _, mv := range moves {
+		if from {
+			out = append(out, mv.From)
+		}
+		if to {
+			out = append(out, mv.To)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // reopen puts the batch's partitions that still read from their old stream
@@ -387,7 +462,7 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 
 // purge removes each flipped move's partition from its old stream up to the
 // bound its drain recorded, and returns the partitions that still have
-// messages there: stored after the drain looked, never committed.
+// messages there: stored past the bound, never committed.
 func (mg *migration) purge(ctx context.Context) (map[int]bool, error) {
 	f := mg.f
 	var residue map[int]bool
@@ -415,7 +490,7 @@ func (mg *migration) purge(ctx context.Context) (map[int]bool, error) {
 				residue = map[int]bool{}
 			}
 			residue[mv.P] = true
-			mg.log.Warn("inbox partition has a message in its old stream after its drain", slog.Int("partition", mv.P),
+			mg.log.Warn("inbox partition has a message in its old stream past its drain's bound", slog.Int("partition", mv.P),
 				slog.String("stream", name), slog.Uint64("seq", seq), slog.Uint64("drained", *mv.Drained))
 		}
 	}
@@ -526,7 +601,7 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move) (map[int]ui
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("drain: %d lanes still have uncommitted messages in their old stream (e.g. %s) after %s: the batch was reopened where it was; retry later or with a longer --drain-timeout: %w",
+			return nil, fmt.Errorf("drain: %d lanes still have uncommitted messages in their old stream (e.g. %s) after %s: the batch was reopened; retry later or with a longer --drain-timeout: %w",
 				left, firstLeft, mg.o.DrainTimeout, ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}
