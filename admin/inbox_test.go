@@ -444,6 +444,59 @@ func mustBucket(t *testing.T, f *migrateFleet) jetstream.KeyValue {
 	return b
 }
 
+// TestMigrateInboxMarkerBoundsTheDrain: a publish the old stream accepted
+// before the close but stores only after it (a replicated stream applies it
+// a moment later) is answered in the old stream before the move ends. The
+// server takes a stream's publishes in order, so such a message is stored
+// before anything published into the stream after the close: the test
+// stores it just before the migration's drain marker (the latest the server
+// can), or, if the migration publishes nothing into the old stream after
+// the close, after the migration's last look at the old stream (the
+// purge's check, here of the batch's last round). The lane's transcript
+// then holds every message once, in order, and the old stream nothing of
+// the moved partition.
+func TestMigrateInboxMarkerBoundsTheDrain(t *testing.T) {
+	f := newMigrateFleet(t)
+	first := f.post("first")
+	f.waitCommitted(0, first.Sequence)
+
+	var o admin.MigrateOptions
+	o.Batch, o.DrainTimeout = 64, 30*time.Second
+	var late *jetstream.PubAck
+	admin.SetMigrateBeforeMark(&o, func(stream int) {
+		if late == nil && stream == 0 {
+			late = f.storeLate("late")
+		}
+	})
+	admin.SetMigrateStep(&o, func(step string) error {
+		if late == nil && step == "purged" {
+			late = f.storeLate("late")
+		}
+		return nil
+	})
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, o); err != nil {
+		t.Fatal(err)
+	}
+	if late == nil {
+		t.Fatal("no late message was stored")
+	}
+	after := f.post("after")
+	if after.Stream != f.names.InboxStreamAt(1) {
+		t.Fatalf("the lane's message after the move went to %s", after.Stream)
+	}
+	f.waitCommitted(1, after.Sequence)
+	if users := f.users(); !slices.Equal(users, []string{"first", "late", "after"}) {
+		t.Fatalf("user entries %q, want first, late, after", users)
+	}
+	st0, err := f.js.Stream(t.Context(), f.names.InboxStreamAt(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st0.GetLastMsgForSubject(t.Context(), f.names.InboxSubject(f.p, f.lane)); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("stream 0 still holds the moved partition's messages: %v", err)
+	}
+}
+
 // subjects are the subjects inbox stream i takes.
 func (f *migrateFleet) subjects(i int) []string {
 	f.t.Helper()
