@@ -72,9 +72,9 @@ var ErrMapChanged = errors.New("the inbox map changed under the migration (anoth
 // MigrateInbox changes the number of inbox streams of a running fleet to
 // target, losing nothing. Partitions move in batches; each move is
 //
-//  1. close: the map marks the partition moving and its stream stops taking
-//     its subject (publishes to it wait: the ingress and the workers retry
-//     while no stream answers);
+//  1. close: the map marks the partition moving, and neither its old nor
+//     its new stream takes its subject (publishes to it wait: the ingress
+//     and the workers retry while no stream answers);
 //  2. mark: a marker message goes into the old stream, on its control
 //     subject; every message of the partition the old stream accepted
 //     before the close is stored below the marker (see mark);
@@ -313,6 +313,11 @@ type moveResult struct {
 // migration stopped half-way keeps the time it closed, and its moves already
 // flipped go on to the purge, bounded by the marker their drain recorded.
 //
+// The close takes the batch's subjects off its new streams too: a migration
+// stopped between the open's subject change and its map write left them
+// there, and a partition put back in its old stream (below) must not take
+// publishes in two streams.
+//
 // A message of the partition found in the old stream past the purge bound
 // (which the marker rules out, see mark) puts its partition back in its old
 // stream (un-flipped, still closed) and the batch drains again, with a new
@@ -336,7 +341,7 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 	if err := mg.step(stepClosed); err != nil {
 		return res, err
 	}
-	for _, i := range streamsOf(batch, true, false) {
+	for _, i := range streamsOf(batch, true, true) {
 		if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, mg.m, i); err != nil {
 			return res, err
 		}
@@ -418,7 +423,8 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 		mg.log.Warn("inbox partitions got messages in their old stream past the drain's marker: drained again",
 			slog.Int("partitions", len(residue)), slog.Int("round", round))
 	}
-	// 6. open: the new streams take the subjects, then the map says so.
+	// 6. open: the new streams take the subjects, then the map says so (a
+	// stop between the two is mended by the close of the re-run).
 	next = mg.m.Clone()
 	next.Moving = nil
 	for _, i := range streamsOf(batch, false, true) {

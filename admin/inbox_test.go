@@ -497,6 +497,71 @@ func TestMigrateInboxMarkerBoundsTheDrain(t *testing.T) {
 	}
 }
 
+// TestMigrateInboxRerunClosesTheNewStream: a migration stopped between the
+// open's subject change (the new stream takes the batch's subjects) and its
+// map write, with a message of a moved partition left in its old stream
+// past the drain's bound, is run again: its close takes the subjects off
+// the new stream too, so while the partition goes back to its old stream to
+// drain that message no stream but the one the map names takes publishes of
+// it. Everything is answered once, in order.
+func TestMigrateInboxRerunClosesTheNewStream(t *testing.T) {
+	f := newMigrateFleet(t)
+	first := f.post("first")
+	f.waitCommitted(0, first.Sequence)
+
+	errKilled := errors.New("killed after the open's subject change")
+	var o admin.MigrateOptions
+	o.Batch, o.DrainTimeout = 64, 30*time.Second
+	admin.SetMigrateStep(&o, func(step string) error {
+		if step == "open-subjects" {
+			return errKilled
+		}
+		return nil
+	})
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, o); !errors.Is(err, errKilled) {
+		t.Fatalf("the stopped migration: %v", err)
+	}
+	subj := f.names.InboxPartitionSubject(f.p)
+	if !slices.Contains(f.subjects(1), subj) {
+		t.Fatalf("stream 1 does not take partition %d after the open's subject change: %v", f.p, f.subjects(1))
+	}
+	late := f.storeLate("late")
+
+	var takers [][]int
+	o = admin.MigrateOptions{DrainTimeout: 30 * time.Second}
+	admin.SetMigrateStep(&o, func(step string) error {
+		var in []int
+		for i := range 2 {
+			if slices.Contains(f.subjects(i), subj) {
+				in = append(in, i)
+			}
+		}
+		if step == "close-subjects" || step == "drained" {
+			takers = append(takers, in)
+		}
+		return nil
+	})
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, o); err != nil {
+		t.Fatal(err)
+	}
+	if len(takers) == 0 {
+		t.Fatal("the re-run did not close the batch")
+	}
+	for _, in := range takers {
+		if len(in) != 0 {
+			t.Fatalf("while the re-run moved the batch, streams %v took partition %d (each step: %v)", in, f.p, takers)
+		}
+	}
+	after := f.post("after")
+	if after.Stream != f.names.InboxStreamAt(1) {
+		t.Fatalf("the lane's message after the move went to %s", after.Stream)
+	}
+	f.waitCommitted(1, after.Sequence)
+	if users := f.users(); !slices.Equal(users, []string{"first", "late", "after"}) {
+		t.Fatalf("user entries %q, want first, late, after (late at %d)", users, late.Sequence)
+	}
+}
+
 // subjects are the subjects inbox stream i takes.
 func (f *migrateFleet) subjects(i int) []string {
 	f.t.Helper()
