@@ -22,7 +22,8 @@ type MigrateOptions struct {
 	Batch int
 	// DrainTimeout bounds the wait for one batch's messages in the old
 	// stream to be committed (default 2m); past it the batch is reopened
-	// where it was and the migration stops with an error.
+	// (each partition in the one stream that can take it) and the migration
+	// stops with an error.
 	DrainTimeout time.Duration
 	// Log receives progress (nil: none).
 	Log *slog.Logger
@@ -518,32 +519,57 @@ func (mg *migration) purgeMarkers(ctx context.Context, i int) error {
 	return nil
 }
 
-// reopen puts the batch's partitions that still read from their old stream
-// back there, taking publishes again (nothing of them moved), after a drain
-// that could not finish. A partition already flipped (only by a version
-// that did not record its drain's bound) stays closed: its old stream's
-// messages cannot be told committed, so running the command again is the
-// way on.
+// reopen ends a batch whose drain (or marker) could not finish, leaving
+// each of its partitions taken by exactly one stream and the map saying
+// so:
+//   - a partition the batch did not flip goes back to its old stream, which
+//     holds all of its messages (nothing of it moved);
+//   - a flipped partition with a recorded bound was drained up to its
+//     marker: once purged up to it from its old stream (again: the purge
+//     may not have run yet) with nothing left there, its new stream takes
+//     it;
+//   - any other flipped partition (messages left in the old stream past
+//     its bound, or flipped by a version that recorded no bound) goes back
+//     to its old stream when its new stream holds nothing of it: no lane of
+//     it committed anything there.
+//
+// A flipped partition with messages in both streams (which takes a message
+// stored past its marker, and a migration stopped between an open's
+// subject change and its map write) stays closed: no stream can take it
+// without answering out of order; running the command again finishes it.
+// The streams' subjects are set before the map is written, as in the open.
 func (mg *migration) reopen(ctx context.Context, cause error) error {
+	f := mg.f
 	ctx = context.WithoutCancel(ctx)
+	residue, err := mg.purge(ctx)
+	if err != nil {
+		return fmt.Errorf("%w (the batch could not be reopened: %v; it stays closed until the command is run again)", cause, err)
+	}
 	back := mg.m.Clone()
 	back.Moving = nil
-	froms := map[int]bool{}
 	for _, mv := range mg.m.Moving {
-		if mg.m.Flipped(mv) {
-			back.Moving = append(back.Moving, mv)
-			continue
+		switch {
+		case !mg.m.Flipped(mv):
+		case mv.Drained != nil && !residue[mv.P]:
+		default:
+			_, found, err := nextOf(ctx, f.JS, f.Names.InboxStreamAt(mv.To), f.Names.InboxPartitionSubject(mv.P), 1)
+			if err != nil || found {
+				back.Moving = append(back.Moving, mv)
+				continue
+			}
+			back.Assign[mv.P] = mv.From
 		}
-		froms[mv.From] = true
+	}
+	for _, i := range streamsOf(mg.m.Moving, true, true) {
+		if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, back, i); err != nil {
+			return fmt.Errorf("%w (the batch could not be reopened: %v; it stays closed until the command is run again)", cause, err)
+		}
 	}
 	if err := mg.write(ctx, back); err != nil {
 		return fmt.Errorf("%w (the batch could not be reopened: %v; it stays closed until the command is run again)", cause, err)
 	}
-	for i := range froms {
-		_ = broker.SetInboxSubjects(ctx, mg.f.JS, mg.f.Names, mg.m, i)
-	}
 	if len(back.Moving) > 0 {
-		return fmt.Errorf("%w (%d partitions already flipped stay closed until the command is run again)", cause, len(back.Moving))
+		return fmt.Errorf("%w (%d partitions with messages in both their old and new streams stay closed until the command is run again)", cause, len(back.Moving))
 	}
 	return cause
 }

@@ -562,6 +562,58 @@ func TestMigrateInboxRerunClosesTheNewStream(t *testing.T) {
 	}
 }
 
+// TestMigrateInboxDrainTimeoutReopensEachPartitionOnce: a batch whose first
+// round flipped and purged its partitions but one (a message stored in its
+// old stream past the drain's bound puts it back there), and whose second
+// drain times out (no worker commits that message), is reopened with every
+// partition taken by exactly one stream, the one the map names: the one put
+// back by its old stream, the others by their new one. Run again with a
+// worker, the migration finishes and the message is answered.
+func TestMigrateInboxDrainTimeoutReopensEachPartitionOnce(t *testing.T) {
+	f := newMigrateFleetNoWorker(t)
+	var o admin.MigrateOptions
+	o.Batch, o.DrainTimeout = 64, 5*time.Second
+	var late *jetstream.PubAck
+	admin.SetMigrateStep(&o, func(step string) error {
+		if late == nil && step == "flipped" {
+			late = f.storeLate("late")
+		}
+		return nil
+	})
+	_, err := f.fl.MigrateInbox(t.Context(), 2, o)
+	if err == nil || late == nil {
+		t.Fatalf("the migration: %v (late message stored: %v), want a drain timeout", err, late != nil)
+	}
+	t.Logf("as expected: %v", err)
+	m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Moving) != 0 || m.Assign[f.p] != 0 {
+		t.Fatalf("after the drain timeout the map is %s, partition %d in stream %d, want nothing moving and it in 0",
+			m, f.p, m.Assign[f.p])
+	}
+	f.checkSubjects(m)
+	for p := 1; p < broker.Partitions; p += 2 {
+		if p != f.p && m.Assign[p] != 1 {
+			t.Fatalf("partition %d, flipped and purged, is in stream %d, want 1", p, m.Assign[p])
+		}
+	}
+
+	f.startWorker("mv-1")
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	after := f.post("after")
+	if after.Stream != f.names.InboxStreamAt(1) {
+		t.Fatalf("the lane's message after the move went to %s", after.Stream)
+	}
+	f.waitCommitted(1, after.Sequence)
+	if users := f.users(); !slices.Equal(users, []string{"late", "after"}) {
+		t.Fatalf("user entries %q, want late, after", users)
+	}
+}
+
 // subjects are the subjects inbox stream i takes.
 func (f *migrateFleet) subjects(i int) []string {
 	f.t.Helper()
