@@ -29,7 +29,7 @@ type MigrateOptions struct {
 	Log *slog.Logger
 
 	// Test hooks. step runs after each step the migration takes (the
-	// names are the migrateStep constants); an error stops the migration
+	// names are the step constants below); an error stops the migration
 	// there, as a kill would. beforeMark runs just before a drain marker
 	// is published into stream i: what the server applies before the
 	// marker (a publish it accepted before the close) is stored there.
