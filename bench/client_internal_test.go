@@ -2,7 +2,13 @@ package bench
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
 	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/broker"
 )
 
 // TestClientEncodingIsJSONs: the load generator's hand-written body and
@@ -29,6 +35,34 @@ func TestClientEncodingIsJSONs(t *testing.T) {
 		seq, ok := acceptedSeq([]byte(tc.answer), prefix)
 		if seq != tc.seq || ok != tc.ok {
 			t.Errorf("acceptedSeq(%s) = %d %t, want %d %t", tc.answer, seq, ok, tc.seq, tc.ok)
+		}
+	}
+}
+
+// BenchmarkHTTPClientSender: the load generator's POST and the net/http
+// server around a handler that answers the canned 202 (no ingress): what
+// the HTTP hop costs the bench process besides the ingress's own work.
+func BenchmarkHTTPClientSender(b *testing.B) {
+	names := broker.MustNames("fleet")
+	ids := []laneID{newLaneID(names, "", 1)}
+	answer := fmt.Appendf(nil, `{"session_key":%s,"seq":7,"duplicate":false}`+"\n", mustJSON(ids[0].key))
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header()["Content-Type"] = []string{"application/json"}
+		w.WriteHeader(http.StatusAccepted)
+		_, _ = w.Write(answer)
+	})
+	send, closeFn, err := httpSender(Options{ReplyTimeout: time.Minute}, ids, h)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer closeFn()
+	n := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		n++
+		if _, err := send(b.Context(), 0, n); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

@@ -457,10 +457,14 @@ type httpPost struct {
 // request is parsed once and copied per message, each lane reuses its body
 // and answer buffers, the body is written without reflection and the
 // expected 202 answer is checked by comparing bytes (encoding/json reads
-// any other answer).
+// any other answer). Requests go to the transport's RoundTrip, not through
+// an http.Client: the ingress neither redirects nor sets cookies, and the
+// client's per-request work (a copy of the headers for redirects, a
+// deadline context per request for Client.Timeout) is not a lean client's.
+// The transport's ResponseHeaderTimeout bounds a request instead.
 func httpClientSender(o Options, ids []laneID, url string) (sendFunc, func()) {
-	tr := &http.Transport{MaxIdleConns: len(ids) + 1, MaxIdleConnsPerHost: len(ids) + 1, DisableCompression: true}
-	client := &http.Client{Transport: tr, Timeout: o.ReplyTimeout}
+	tr := &http.Transport{MaxIdleConns: len(ids) + 1, MaxIdleConnsPerHost: len(ids) + 1, DisableCompression: true,
+		ResponseHeaderTimeout: o.ReplyTimeout}
 	tmpl, tmplErr := http.NewRequest(http.MethodPost, url, nil)
 	if tmplErr == nil {
 		tmpl.Header = http.Header{"Content-Type": {"application/json"}}
@@ -501,9 +505,9 @@ func httpClientSender(o Options, ids []laneID, url string) (sendFunc, func()) {
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 		start := time.Now()
-		resp, err := client.Do(req)
+		resp, err := tr.RoundTrip(req)
 		if err != nil {
-			return sent{}, err
+			return sent{}, fmt.Errorf("POST %s: %w", url, err)
 		}
 		lb.answer.Reset()
 		_, err = lb.answer.ReadFrom(resp.Body)

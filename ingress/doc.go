@@ -22,12 +22,12 @@
 // "<platform>:<chat_id>:<message_id>" is the Nats-Msg-Id of the inbox message
 // (the stream drops a repeat inside its de-duplication window). The worker
 // that incorporates the message records the id in the msgids bucket with the
-// inbox sequence that holds it, and the ingress reads that record before it
-// publishes, which keeps a retry days later a duplicate. A duplicate answers
-// 202 with the original sequence and "duplicate": true, and publishes nothing.
-// (A retry beyond the stream's window that comes while the original still
-// waits in its lane is stored again; the worker finds its id taken and does
-// not run it.)
+// inbox sequence that holds it, and the ingress reads that record while it
+// publishes (the two round trips at once), which keeps a retry days later a
+// duplicate. A duplicate answers 202 with the original sequence and
+// "duplicate": true. (A retry beyond the stream's window is stored again,
+// whether it comes while the original still waits in its lane or after it
+// was incorporated; the worker finds its id taken and does not run it.)
 //
 // Bad input gets a 4xx with {"error": "..."} and publishes nothing: malformed
 // JSON, unknown fields, a missing or blank text, a /queue without text, a

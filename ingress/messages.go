@@ -419,60 +419,96 @@ func (s *Server) acceptCtx(rctx context.Context, m *inboxMessage) (resp *acceptR
 }
 
 // accepted is acceptCtx without its span.
+//
+// A message with a platform message id is published while its msgids
+// record is read (lookupMsgID), not after: the answer waits for one round
+// trip, not two. The record names the inbox message that incorporated the
+// id, and a retry that comes after that (beyond the stream's
+// de-duplication window) is answered as a duplicate of it, as when the
+// record was read first; the copy the publish stored is skipped by the
+// worker's msgids claim (worker/msgids.go), so nothing runs or is answered
+// twice.
 func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptResponse, *apiError) {
-	key := m.inbound.SessionKey
-	pmid := m.inbound.PlatformMsgID
-	var corrupt bool
-	if pmid != "" {
-		// A retry beyond the stream's de-duplication window is caught here.
-		seq, found, bad, err := s.lookupMsgID(rctx, pmid)
-		if err != nil {
-			return nil, unavailable("cannot check the message id for duplicates; retry", err)
-		}
-		if found {
-			return &acceptResponse{SessionKey: s.keyAt(rctx, m.lane, seq, key), Seq: seq, Duplicate: true}, nil
-		}
-		corrupt = bad
+	// One bound for both, which run at once.
+	ctx, cancel := s.opCtx(rctx)
+	defer cancel()
+	var lookup chan msgIDLookup
+	if m.inbound.PlatformMsgID != "" {
+		lookup = make(chan msgIDLookup, 1)
+		go func() { lookup <- s.lookupMsgID(ctx, m.inbound.PlatformMsgID) }()
 	}
-
-	msg, e := s.inboxMsg(rctx, m)
+	ack, e, err := s.publishInbox(ctx, m)
+	if lookup == nil {
+		if e != nil {
+			return nil, e
+		}
+		return s.published(rctx, m, ack, err)
+	}
+	l := <-lookup
+	if l.err != nil {
+		// The publish may have stored the message: the client's retry,
+		// with the same id, is a duplicate of it.
+		return nil, unavailable("cannot check the message id for duplicates; retry", l.err)
+	}
+	// A record of this very publish (the worker incorporated the message
+	// before the record was read) is not an earlier delivery.
+	own := e == nil && err == nil && !ack.Duplicate && ack.Sequence == l.seq
+	if l.found && !own {
+		return &acceptResponse{SessionKey: s.keyAt(rctx, m.lane, l.seq, m.inbound.SessionKey), Seq: l.seq, Duplicate: true}, nil
+	}
 	if e != nil {
 		return nil, e
 	}
-	ctx, cancel := s.opCtx(rctx)
+	resp, e := s.published(rctx, m, ack, err)
+	if e != nil || !l.corrupt {
+		// The id is recorded past the stream's window by the worker that
+		// incorporates the message (its claim: worker/msgids.go), not here:
+		// the answer does not wait for a second write.
+		return resp, e
+	}
+	// An unreadable record would make the worker's claim fail: replace it.
+	pctx, pcancel := s.opCtx(rctx)
+	_, err = s.res.MsgIDs.Put(pctx, s.msgIDs.Key(m.inbound.PlatformMsgID), []byte(strconv.FormatUint(ack.Sequence, 10)))
+	pcancel()
+	if err != nil {
+		return nil, unavailable("the message was stored but its unreadable id record could not be replaced; retry", err)
+	}
+	return resp, nil
+}
+
+// publishInbox publishes m to its inbox subject within ctx (an opCtx): e
+// when m cannot be encoded or is too large (nothing was published), else
+// the publish's PubAck or error.
+func (s *Server) publishInbox(ctx context.Context, m *inboxMessage) (*jetstream.PubAck, *apiError, error) {
+	msg, e := s.inboxMsg(ctx, m)
+	if e != nil {
+		return nil, e, nil
+	}
 	// No stream takes the subject while a migration moves the lane's
 	// partition between inbox streams (seconds): the publish is retried
 	// until the request's publish timeout, then answered 503 (the client's
 	// retry, with the same message id, is de-duplicated).
-	ack, err := s.js.PublishMsg(ctx, msg, append(broker.InboxPublishOptions(), jetstream.WithMsgID(m.msgID))...)
-	cancel()
+	opts := append(s.inboxOpts[:len(s.inboxOpts):len(s.inboxOpts)], jetstream.WithMsgID(m.msgID))
+	ack, err := s.js.PublishMsg(ctx, msg, opts...)
 	if err == nil {
 		if _, ok := s.names.InboxStreamIndex(ack.Stream); !ok {
 			err = fmt.Errorf("stored by stream %s, not an inbox stream of prefix %q", ack.Stream, s.names.Prefix())
 		}
 	}
+	return ack, nil, err
+}
+
+// published is the answer to m's publish (ack or err).
+func (s *Server) published(rctx context.Context, m *inboxMessage, ack *jetstream.PubAck, err error) (*acceptResponse, *apiError) {
 	if errors.Is(err, nats.ErrMaxPayload) {
 		return nil, errorf(http.StatusRequestEntityTooLarge, "the message is too large for the inbox (the server takes at most %d bytes per message, envelope included)", s.maxPayload())
 	}
 	if err != nil {
 		return nil, unavailable("the message could not be stored; retry", fmt.Errorf("publish to %s: %w", m.subject, err))
 	}
-	resp := &acceptResponse{SessionKey: key, Seq: ack.Sequence, Duplicate: ack.Duplicate}
+	resp := &acceptResponse{SessionKey: m.inbound.SessionKey, Seq: ack.Sequence, Duplicate: ack.Duplicate}
 	if ack.Duplicate {
-		resp.SessionKey = s.keyAt(rctx, m.lane, ack.Sequence, key)
-	}
-	if !corrupt {
-		// The id is recorded past the stream's window by the worker that
-		// incorporates the message (its claim: worker/msgids.go), not here:
-		// the answer does not wait for a second write.
-		return resp, nil
-	}
-	// An unreadable record would make the worker's claim fail: replace it.
-	ctx, cancel = s.opCtx(rctx)
-	_, err = s.res.MsgIDs.Put(ctx, s.msgIDs.Key(pmid), []byte(strconv.FormatUint(ack.Sequence, 10)))
-	cancel()
-	if err != nil {
-		return nil, unavailable("the message was stored but its unreadable id record could not be replaced; retry", err)
+		resp.SessionKey = s.keyAt(rctx, m.lane, ack.Sequence, resp.SessionKey)
 	}
 	return resp, nil
 }
@@ -506,12 +542,14 @@ func (s *Server) inboxMsg(ctx context.Context, m *inboxMessage) (*nats.Msg, *api
 	if err != nil {
 		return nil, &apiError{status: http.StatusInternalServerError, msg: "cannot encode the message", err: err}
 	}
-	msg := nats.NewMsg(m.subject)
-	msg.Data = body
-	msg.Header.Set(broker.HdrSessionKey, m.inbound.SessionKey)
-	msg.Header.Set(broker.HdrKind, m.inbound.Kind)
+	// One array holds the header values, and the map has room for the
+	// publish's own headers (Msg-Id, expected stream) and a traceparent.
+	vals := [3]string{m.inbound.SessionKey, m.inbound.Kind, m.inbound.PlatformMsgID}
+	msg := &nats.Msg{Subject: m.subject, Data: body, Header: make(nats.Header, 6)}
+	msg.Header[broker.HdrSessionKey] = vals[0:1:1]
+	msg.Header[broker.HdrKind] = vals[1:2:2]
 	if m.inbound.PlatformMsgID != "" {
-		msg.Header.Set(broker.HdrPlatformMsgID, m.inbound.PlatformMsgID)
+		msg.Header[broker.HdrPlatformMsgID] = vals[2:3:3]
 	}
 	telemetry.Inject(ctx, msg.Header)
 	if limit := s.maxPayload(); limit > 0 {
@@ -539,26 +577,33 @@ func (s *Server) maxPayload() int64 {
 	return 0
 }
 
-// lookupMsgID returns the inbox seq recorded for pmid, if any. A record
-// that is not a seq says nothing (corrupt): the stream's Msg-Id window
-// decides, and the caller overwrites it.
-func (s *Server) lookupMsgID(rctx context.Context, pmid string) (seq uint64, found, corrupt bool, err error) {
-	ctx, cancel := s.opCtx(rctx)
-	defer cancel()
+// msgIDLookup is the answer of lookupMsgID.
+type msgIDLookup struct {
+	seq uint64
+	// found: the record names seq; corrupt: the record is not a seq and
+	// says nothing (the stream's Msg-Id window decides, and the caller
+	// overwrites it).
+	found, corrupt bool
+	err            error
+}
+
+// lookupMsgID reads the inbox seq recorded for pmid, if any, within ctx
+// (an opCtx).
+func (s *Server) lookupMsgID(ctx context.Context, pmid string) msgIDLookup {
 	e, err := s.res.MsgIDs.Get(ctx, s.msgIDs.Key(pmid))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return 0, false, false, nil
+		return msgIDLookup{}
 	}
 	if err != nil {
-		return 0, false, false, fmt.Errorf("get msgid %s: %w", pmid, err)
+		return msgIDLookup{err: fmt.Errorf("get msgid %s: %w", pmid, err)}
 	}
 	r, err := kv.ParseMsgRef(e.Value())
 	if err != nil {
-		s.log.LogAttrs(rctx, slog.LevelWarn, "replacing unreadable msgids record",
+		s.log.LogAttrs(ctx, slog.LevelWarn, "replacing unreadable msgids record",
 			slog.String("platform_msg_id", pmid), slog.String("value", string(e.Value())))
-		return 0, false, true, nil
+		return msgIDLookup{corrupt: true}
 	}
-	return r.Seq, true, false, nil
+	return msgIDLookup{seq: r.Seq, found: true}
 }
 
 // platformMsgID is "<platform>:<chat_id>:<message_id>". '%' and ':' inside

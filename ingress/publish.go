@@ -56,7 +56,8 @@ type Message struct {
 
 // Accepted is the outcome of a publish: the lane, the inbox seq that holds
 // the message, and whether it was a duplicate of an earlier delivery (then
-// Seq is the original's and nothing was published).
+// Seq is the original's; a copy stored beyond the stream's de-duplication
+// window is not run by the worker).
 type Accepted struct {
 	SessionKey string
 	Seq        uint64
@@ -65,8 +66,8 @@ type Accepted struct {
 
 // Publisher accepts platform messages into the lane inboxes: the same path
 // as POST /v1/messages (session key, lane, partition, command classification,
-// size check against the server's payload limit, msgids lookup, publish with
-// Nats-Msg-Id, msgids record), for adapters that are not the HTTP API.
+// size check against the server's payload limit, publish with Nats-Msg-Id
+// and the msgids lookup at once), for adapters that are not the HTTP API.
 // Publish returns only once JetStream acknowledged the message.
 type Publisher struct {
 	s *Server
@@ -96,9 +97,9 @@ func (p *Publisher) SessionKey(src session.SessionSource) string {
 	return session.BuildSessionKey(src, p.s.cfg.KeyOptions)
 }
 
-// Publish validates m, derives its lane and publishes it, unless m.DedupID
-// is known (then it returns the original's seq with Duplicate set). An
-// error wraps ErrRejected or ErrUnavailable.
+// Publish validates m, derives its lane and publishes it. When m.DedupID is
+// known it returns the original's seq with Duplicate set. An error wraps
+// ErrRejected or ErrUnavailable.
 func (p *Publisher) Publish(ctx context.Context, m Message) (Accepted, error) {
 	src := m.Source
 	if !src.Platform.Known() {

@@ -166,6 +166,8 @@ type Server struct {
 	log    *slog.Logger
 	msgIDs *kv.MsgIDs
 	tracer trace.Tracer
+	// inboxOpts are broker.InboxPublishOptions, made once.
+	inboxOpts []jetstream.PublishOpt
 
 	// tokenSum is the SHA-256 of Config.Token, compared in constant time.
 	tokenSum [sha256.Size]byte
@@ -210,6 +212,8 @@ func New(js jetstream.JetStream, res *broker.Resources, cfg Config) (*Server, er
 		log:    cfg.Logger,
 		msgIDs: kv.NewMsgIDs(res),
 		tracer: telemetry.Tracer(cfg.TracerProvider),
+
+		inboxOpts: broker.InboxPublishOptions(),
 	}
 	s.tokenSum = sha256.Sum256([]byte(cfg.Token))
 	for _, st := range cfg.ScopedTokens {

@@ -25,6 +25,7 @@ import (
 const waitTimeout = 10 * time.Second
 
 type testBundle struct {
+	ns     *natstest.Server
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	res    *broker.Resources
@@ -49,6 +50,8 @@ type setupOpts struct {
 	serverOpts func(*server.Options)
 	// scoped is Config.ScopedTokens.
 	scoped []ingress.ScopedToken
+	// duplicates is the inbox stream's Msg-Id window; 0 keeps the default.
+	duplicates time.Duration
 }
 
 func setup(t *testing.T, o setupOpts) *testBundle {
@@ -66,7 +69,7 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 	names := broker.MustNames("fleet")
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
-	res, err := broker.Provision(ctx, js, broker.ProvisionConfig{Names: names})
+	res, err := broker.Provision(ctx, js, broker.ProvisionConfig{Names: names, Duplicates: o.duplicates})
 	if err != nil {
 		t.Fatalf("provision: %v", err)
 	}
@@ -94,7 +97,7 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
 	t.Cleanup(srv.Close) // runs first: ends event streams so hs.Close does not wait
-	return &testBundle{nc: nc, js: js, res: res, names: names, server: srv, http: hs, client: hs.Client(), token: o.token}
+	return &testBundle{ns: ns, nc: nc, js: js, res: res, names: names, server: srv, http: hs, client: hs.Client(), token: o.token}
 }
 
 // response is a decoded JSON answer.
@@ -319,7 +322,9 @@ func TestPostMessageDuplicate(t *testing.T) {
 
 // A retry days later, beyond the stream's de-duplication window, is caught
 // by the msgids bucket: simulate an id accepted long ago (its Msg-Id has
-// left the window) and retry it.
+// left the window) and retry it. The record is read while the retry is
+// published, so the retry leaves a second copy in the inbox, which the
+// worker's msgids claim skips (TestLateRetryRunsOnce, worker: TestDuplicateCopiesNotRunTwice).
 func TestPostMessageDuplicateBeyondStreamWindow(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
@@ -333,8 +338,11 @@ func TestPostMessageDuplicateBeyondStreamWindow(t *testing.T) {
 	if r.body["duplicate"] != true || seqOf(t, r) != 42 {
 		t.Fatalf("answer %s", r.raw)
 	}
-	if n := b.inboxCount(t); n != 0 {
-		t.Fatalf("a known id was published: inbox holds %d", n)
+	if n := b.inboxCount(t); n != 1 {
+		t.Fatalf("inbox holds %d, want the retry's copy", n)
+	}
+	if got := b.inboxMsg(t, 1).Header.Get(broker.HdrPlatformMsgID); got != "http:c1:old-1" {
+		t.Fatalf("the copy carries platform message id %q", got)
 	}
 }
 
@@ -359,6 +367,25 @@ func TestPostMessageDuplicateInStreamWindow(t *testing.T) {
 	}
 	if n := b.inboxCount(t); n != 1 {
 		t.Fatalf("inbox holds %d, want 1", n)
+	}
+}
+
+// The msgids record is read while the message is published, so it may
+// already name this very publish (the worker incorporated the message
+// first): that is not an earlier delivery. Simulated by a record of the
+// seq the publish is about to get.
+func TestPostMessageRecordOfItsOwnPublish(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if _, err := b.res.MsgIDs.Put(ctx, session.LaneToken("http:c1:own-1"), []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	r := b.post(t, `{"chat_id":"c1","message_id":"own-1","text":"hi"}`)
+	wantStatus(t, r, http.StatusAccepted)
+	if r.body["duplicate"] != false || seqOf(t, r) != 1 {
+		t.Fatalf("answer %s, want seq 1, not a duplicate", r.raw)
 	}
 }
 

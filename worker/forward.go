@@ -102,14 +102,15 @@ func (w *Worker) forward(owner, laneTok string, msg jetstream.Msg) bool {
 }
 
 // fwdBackDelay is how long a forwarded delivery this worker cannot take
-// (draining, or no lane slot free) waits before it is delivered again.
+// (no lane slot free, or, while draining, a lane whose lease it may still
+// hold with no runner) waits before it is delivered again.
 const fwdBackDelay = time.Second
 
 // subscribeForwards receives the deliveries other workers forward to this
 // one. A forward for a lane this worker runs is held by that lane; one for
 // a lane it does not run (released meanwhile) starts a runner, as a
-// delivery would; with no lane slot free, or while draining, it is handed
-// back with a delay (fwdBackDelay).
+// delivery would; with no lane slot free it is handed back with a delay
+// (fwdBackDelay). While draining, see drainingForward.
 func (w *Worker) subscribeForwards() (unsub func(), err error) {
 	w.fwd.inbox = w.nc.NewInbox()
 	back, err := w.nc.Subscribe(w.fwd.inbox+".*", func(m *nats.Msg) {
@@ -141,15 +142,14 @@ func (w *Worker) subscribeForwards() (unsub func(), err error) {
 			return
 		}
 		w.stats.ForwardsReceived.Add(1)
+		if w.draining() {
+			w.drainingForward(laneTok, d)
+			return
+		}
 		// Never forwarded again from here: a lane this worker does not run
 		// gets a runner, which judges by the lease (and forwards to its
 		// holder, if another worker took it meanwhile).
-		if w.draining() || !w.runLocal(laneTok, d, false) {
-			// Handed back with a delay: this worker may still hold the
-			// lane's lease (a draining worker keeps it until its turn
-			// ends), so the redelivery of an immediate NAK would find it
-			// the holder again and come straight back in a forward: a
-			// loop of NAKs and redeliveries for as long as that lasts.
+		if !w.runLocal(laneTok, d, false) {
 			_ = d.NakWithDelay(fwdBackDelay)
 		}
 	})
@@ -161,6 +161,47 @@ func (w *Worker) subscribeForwards() (unsub func(), err error) {
 		sub.Unsubscribe()  //nolint:errcheck
 		back.Unsubscribe() //nolint:errcheck
 	}, nil
+}
+
+// drainingForward hands back a delivery forwarded to this worker while it
+// drains. It must not come straight back: the redelivery of a NAK looks at
+// the lane's lease, and while this worker holds it, forwards to it again (a
+// loop of NAKs and redeliveries for as long as its turn takes to end).
+// Nor may it wait longer than the lane takes to change hands: a rolling
+// restart forwards the messages that arrive while a lane is released to
+// the stopping worker, and a delay there is added to the turn (the lane's
+// handover wake can sit in the same forward).
+//   - A lane this worker still runs holds the delivery as its own: the
+//     lane hands it back when it releases the lease (at once, the lease
+//     deleted first: see release), or acks it if its commit covers it.
+//   - A lane it does not run is handed back at once, unless this worker
+//     may still hold its lease (mayHold): then with a delay, as before.
+func (w *Worker) drainingForward(laneTok string, d jetstream.Msg) {
+	w.mu.Lock()
+	l := w.lanes[laneTok]
+	held := l != nil && l.offer(d)
+	w.mu.Unlock()
+	switch {
+	case held:
+	case w.mayHoldLease(laneTok, time.Now()):
+		_ = d.NakWithDelay(fwdBackDelay)
+	default:
+		_ = d.Nak()
+	}
+}
+
+// mayHoldLease reports whether this worker may hold the lease of a lane it
+// no longer runs at now (see owner.leftHeld).
+func (w *Worker) mayHoldLease(laneTok string, now time.Time) bool {
+	v, ok := w.mayHold.Load(laneTok)
+	if !ok {
+		return false
+	}
+	if now.Before(v.(time.Time)) {
+		return true
+	}
+	w.mayHold.CompareAndDelete(laneTok, v)
+	return false
 }
 
 // markGone remembers that forwards to owner bounced at now, for

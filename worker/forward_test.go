@@ -74,12 +74,12 @@ func TestDeliveriesForwardedToTheOwner(t *testing.T) {
 // TestForwardToADrainingHolderIsNotALoop: a worker stopping gracefully
 // keeps a lane's lease while its agent call ends (here an agent that does
 // not return at once when cancelled), and the other workers forward the
-// lane's new deliveries to it. It hands them back with a delay: an
-// immediate NAK came straight back as a redelivery, which looked at the
-// lease, found the draining holder and forwarded to it again, a loop of
-// NAKs and redeliveries for as long as the call took. Counted over a window
-// of the drain: at most about one forward a second. The message is answered
-// once the holder is gone.
+// lane's new deliveries to it. It keeps them with the lane's deliveries
+// until it releases the lane: an immediate NAK came straight back as a
+// redelivery, which looked at the lease, found the draining holder and
+// forwarded to it again, a loop of NAKs and redeliveries for as long as the
+// call took. Counted over a window of the drain: at most about one forward
+// a second. The message is answered once the holder is gone.
 func TestForwardToADrainingHolderIsNotALoop(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)

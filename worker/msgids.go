@@ -63,10 +63,11 @@ func (l *lane) claimMsgID(m inboxMsg) (kv.MsgRef, error) {
 // streams use the same seqs). It claims the id for
 // m otherwise: the worker, not the ingress, writes the msgids record, in one
 // round trip (a create, and a read only when the id is taken). The ingress
-// reads the record before it publishes, so a retry that comes after the
-// message was incorporated is answered there without a second inbox message;
-// one that comes earlier (beyond the stream's window, the lane still behind)
-// is stored and found here.
+// reads the record while it publishes, so a retry that comes after the
+// message was incorporated (beyond the stream's window) is answered there as
+// a duplicate of the first seq, but its copy is stored all the same; that
+// copy, and one that comes before the message was incorporated, are found
+// here and not run.
 func (l *lane) duplicate(m inboxMsg) (bool, error) {
 	id := m.body.PlatformMsgID
 	if id == "" {

@@ -156,6 +156,7 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 	// Whatever this worker remembered of another holder is stale now: its
 	// deliveries of the lane must not be forwarded away (see forward.go).
 	w.heldElsewhere.Delete(o.lane)
+	w.mayHold.Delete(o.lane)
 	w.stats.Takeovers.Add(1)
 	w.cfg.Metrics.LeaseAcquired(context.Background())
 
@@ -620,6 +621,9 @@ func (o *owner) parkTx() {
 // hard stop): held deliveries go back without ack.
 func (o *owner) giveUp() {
 	o.cancel(errHardStop)
+	if !o.lost.Load() {
+		o.leftHeld()
+	}
 	o.nakHeld(0)
 	o.parkTx()
 }
@@ -641,6 +645,7 @@ func (o *owner) release() {
 	<-o.renewDone
 	if err := w.leases.Release(context.WithoutCancel(w.hardCtx), o.lease); err != nil {
 		o.log.Warn("release lease", slog.Any("error", err))
+		o.leftHeld()
 	}
 	handOver := o.entry != nil && o.entry.Turn != nil
 	if !handOver && o.entry != nil && w.draining() {
@@ -667,6 +672,18 @@ func (o *owner) release() {
 	o.nakHeld(0)
 	o.parkTx()
 	o.log.Debug("lane released")
+}
+
+// leftHeld records that the lane's runner ends while the worker may still
+// hold its lease: until the lease's last confirmed renewal plus its TTL (a
+// draining worker hands the lane's forwarded deliveries back with a delay
+// until then, see drainingForward).
+func (o *owner) leftHeld() {
+	if o.lease == nil {
+		return
+	}
+	until := monoBase.Add(time.Duration(o.renewedAt.Load()) + o.w.cfg.LeaseTTL)
+	o.w.mayHold.Store(o.lane, until)
 }
 
 // releaseAndRecheck releases, then peeks once more: a message that arrived

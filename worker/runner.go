@@ -101,7 +101,8 @@ func (l *lane) run() {
 			}
 		}
 	}
-	for attempt := 0; ; attempt++ {
+	vanished := 0
+	for {
 		if l.w.draining() {
 			l.nakHeld(0)
 			return
@@ -114,8 +115,18 @@ func (l *lane) run() {
 			l.nakHeld(time.Second)
 			return
 		}
-		lease, err := l.w.leases.AcquireBound(ctx, l.lane, l.w.owner, live)
+		lease, err := l.w.acquireLease(ctx, l.lane, l.w.owner, live)
 		var held *kv.HeldError
+		if errors.As(err, &held) && held.Owner == "" && vanished < maxLeaseVanished {
+			// The lease was there when the create was refused and gone
+			// when it was read: released (a drain, the end of a linger)
+			// or run out in between, which a rolling restart makes
+			// common. The lane is free: take it now, rather than hand the
+			// deliveries back for a whole lease TTL (the retry delay of a
+			// holder whose expiry is unknown).
+			vanished++
+			continue
+		}
 		if errors.As(err, &held) {
 			// Wake-up step 2: another worker owns the lane.
 			l.log.Debug("lane held elsewhere", slog.String("holder", held.Owner), slog.Uint64("rev", held.Rev))
@@ -284,6 +295,10 @@ func heldRetryDelay(expires time.Time, ttl time.Duration) time.Duration {
 	d := time.Until(expires) + slack
 	return min(max(d, slack), ttl)
 }
+
+// maxLeaseVanished bounds the immediate retries of a lease acquisition
+// that found the lease gone by the time it read it (see run).
+const maxLeaseVanished = 3
 
 // heldElsewhereFor is how long a worker trusts that another worker holds a
 // lane after the lease said so: its deliveries meanwhile are forwarded to

@@ -44,6 +44,9 @@ type Worker struct {
 	tracer trace.Tracer
 	cache  *agentCache
 
+	// acquireLease is leases.AcquireBound (a test may wrap it).
+	acquireLease func(ctx context.Context, lane, owner string, live uint64) (*kv.Lease, error)
+
 	inboxes   *broker.InboxSet
 	mu        sync.Mutex
 	lanes     map[string]*lane
@@ -61,6 +64,12 @@ type Worker struct {
 	watcherLeader atomic.Bool
 	heldElsewhere sync.Map // lane -> heldInfo: another worker is known to hold it (forward.go)
 	fwd           forwards
+
+	// mayHold holds the lanes this worker no longer runs whose lease it
+	// may still hold (a release whose delete failed, an ownership given
+	// up with the lease not known lost): lane -> time.Time until which it
+	// may (see owner.leftHeld, drainingForward).
+	mayHold sync.Map
 
 	// backlog is the watcher leader's last inbox backlog count (backlog.go).
 	backlog atomic.Pointer[telemetry.Backlog]
@@ -147,6 +156,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Confi
 		drainCh:   make(chan struct{}),
 		started:   time.Now(),
 	}
+	w.acquireLease = w.leases.AcquireBound
 	w.log = c.Logger.With(slog.String("worker", w.owner))
 	w.cache.metrics = c.Metrics
 	w.tracer = telemetry.Tracer(c.TracerProvider)
@@ -225,6 +235,12 @@ func (w *Worker) Run(ctx context.Context) error {
 				w.heldElsewhere.Range(func(k, v any) bool {
 					if now.After(v.(heldInfo).until) {
 						w.heldElsewhere.Delete(k)
+					}
+					return true
+				})
+				w.mayHold.Range(func(k, v any) bool {
+					if now.After(v.(time.Time)) {
+						w.mayHold.CompareAndDelete(k, v)
 					}
 					return true
 				})

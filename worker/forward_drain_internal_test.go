@@ -1,0 +1,386 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/agent/echo"
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/test/natstest"
+)
+
+// TestForwardToADrainingWorkerGoesBackAtOnce: deliveries forwarded to a
+// worker that is draining are handed back without a delay once that worker
+// no longer holds their lane, so the lane's next owner takes them at once
+// (a rolling restart used to add the whole hand-back delay, 1 s, to a turn
+// whose message came in while its lane was being released):
+//   - "held": the draining worker still runs the lane (its turn is
+//     finishing): it holds the delivery and hands it back when it releases
+//     the lane (the lease is gone by then);
+//   - "released": the draining worker released the lane already (the
+//     forwarding worker's memory of the holder is a moment old): it hands
+//     the delivery back at once.
+//
+// Each delivery's acknowledgements are watched on the server: no NAK with a
+// delay, and the other worker answers the message.
+func TestForwardToADrainingWorkerGoesBackAtOnce(t *testing.T) {
+	t.Parallel()
+	srv := natstest.RunServer(t)
+	nc := srv.Connect(t)
+	js := natstest.JetStream(t, nc)
+	names := broker.MustNames("fleet")
+	const ttl = 30 * time.Second
+	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := kv.NewStore(res, nil)
+
+	acksOf := watchAcks(t, nc, names)
+
+	keyOf := func(chat string) (key, lane string) {
+		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: chat, ChatType: session.ChatDM, UserID: "u"}
+		key = session.BuildSessionKey(src, session.DefaultKeyOptions())
+		return key, session.LaneToken(key)
+	}
+	post := func(chat, text string) (lane string, seq uint64) {
+		t.Helper()
+		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: chat, ChatType: session.ChatDM, UserID: "u"}
+		key, lane := keyOf(chat)
+		data, _ := json.Marshal(session.Inbound{Source: src, SessionKey: key, Kind: session.KindMessage, Text: text, ReceivedAt: time.Now()})
+		msg := nats.NewMsg(names.InboxSubject(session.Partition(names.Prefix(), lane), lane))
+		msg.Data = data
+		msg.Header.Set(broker.HdrSessionKey, key)
+		msg.Header.Set(broker.HdrKind, session.KindMessage)
+		ack, err := js.PublishMsg(t.Context(), msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lane, ack.Sequence
+	}
+	entry := func(lane string) (*session.SessionEntry, error) {
+		e, _, err := store.Get(t.Context(), lane)
+		return e, err
+	}
+	waitCommitted := func(lane string, seq uint64) {
+		t.Helper()
+		natstest.WaitFor(t, 60*time.Second, "lane "+lane+" committed", func() error {
+			e, err := entry(lane)
+			if err != nil {
+				return err
+			}
+			if e.CommittedSeq < seq {
+				return fmt.Errorf("committed %d < %d", e.CommittedSeq, seq)
+			}
+			return nil
+		})
+	}
+
+	// The holder's agent: the turns of "stuck" (which keeps the holder
+	// draining to the end) and "held" wait for their gate; the others
+	// echo.
+	gates := map[string]chan struct{}{}
+	for _, chat := range []string{"stuck", "held"} {
+		key, _ := keyOf(chat)
+		gates[key] = make(chan struct{})
+	}
+	var gateOnce sync.Map
+	open := func(chat string) {
+		key, _ := keyOf(chat)
+		if _, done := gateOnce.LoadOrStore(key, true); !done {
+			close(gates[key])
+		}
+	}
+	t.Cleanup(func() { open("stuck"); open("held") })
+	echoBackend := echo.Backend(echo.Options{})
+	backend := agent.BackendFunc(func(ctx context.Context, key, sid string) (agent.Agent, error) {
+		gate := gates[key]
+		if gate == nil {
+			return echoBackend.NewAgent(ctx, key, sid)
+		}
+		return agent.AgentFunc(func(ctx context.Context, tn *agent.Turn, emit agent.Emitter) (*agent.Result, error) {
+			select {
+			case <-gate:
+			case <-time.After(2 * time.Minute):
+			}
+			return &agent.Result{Text: "done"}, nil
+		}), nil
+	})
+	start := func(id string, be agent.Backend) (*Worker, func()) {
+		wnc := srv.Connect(t)
+		w, err := New(wnc, natstest.JetStream(t, wnc), res, Config{ID: id, Names: names, Backend: be, LeaseTTL: ttl,
+			DrainTimeout: 2 * time.Minute, Linger: time.Minute,
+			Reset: session.ResetConfig{Default: session.ResetPolicy{Mode: session.ResetNone}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		var once sync.Once
+		stop := func() {
+			once.Do(func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("worker %s: %v", id, err)
+				}
+			})
+		}
+		t.Cleanup(stop)
+		return w, stop
+	}
+
+	// The holder runs the three lanes: "stuck" and "held" in a turn,
+	// "released" idle.
+	b, stopB := start("holder", backend)
+	stuck, _ := post("stuck", "s1")
+	released, r1 := post("released", "r1")
+	waitCommitted(released, r1)
+	held, _ := post("held", "h1")
+	for _, lane := range []string{stuck, held} {
+		natstest.WaitFor(t, 30*time.Second, "a turn of "+lane+" running on the holder", func() error {
+			e, err := entry(lane)
+			if err != nil {
+				return err
+			}
+			if e.Turn == nil || e.Owner != b.Owner() {
+				return fmt.Errorf("turn %t, owner %q", e.Turn != nil, e.Owner)
+			}
+			return nil
+		})
+	}
+
+	// The other worker saw the holder hold "held" and "released" a moment
+	// ago: it forwards their new deliveries to it.
+	a, _ := start("other", echoBackend)
+	for _, lane := range []string{held, released} {
+		a.heldElsewhere.Store(lane, heldInfo{until: time.Now().Add(time.Hour), owner: b.Owner()})
+	}
+
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); stopB() }()
+	natstest.WaitFor(t, 30*time.Second, "the holder draining, \"released\" released", func() error {
+		rs, err := ListWorkers(t.Context(), res.Workers)
+		if err != nil {
+			return err
+		}
+		draining := false
+		for _, r := range rs {
+			draining = draining || (r.Owner == b.Owner() && r.State == StateDraining)
+		}
+		e, err := entry(released)
+		if err != nil {
+			return err
+		}
+		if !draining || e.Owner != "" || b.LanesOwned() != 2 {
+			return fmt.Errorf("draining %t, owner of %s %q, holder runs %d lanes", draining, released, e.Owner, b.LanesOwned())
+		}
+		return nil
+	})
+
+	// "held": forwarded while the holder still runs it.
+	_, h2 := post("held", "h2")
+	natstest.WaitFor(t, 30*time.Second, "the delivery of h2 forwarded to the holder", func() error {
+		if n := b.Stats().ForwardsReceived.Load(); n < 1 {
+			return fmt.Errorf("%d forwards received", n)
+		}
+		return nil
+	})
+	// "released": forwarded after the holder released it.
+	_, r2 := post("released", "r2")
+	natstest.WaitFor(t, 30*time.Second, "the delivery of r2 forwarded to the holder", func() error {
+		if n := b.Stats().ForwardsReceived.Load(); n < 2 {
+			return fmt.Errorf("%d forwards received", n)
+		}
+		return nil
+	})
+	waitCommitted(released, r2)
+	open("held")
+	waitCommitted(held, h2)
+
+	for _, c := range []struct {
+		lane string
+		seq  uint64
+	}{{held, h2}, {released, r2}} {
+		e, err := entry(c.lane)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Owner != a.Owner() {
+			t.Errorf("%s: owned by %q after the holder's release, want %q", c.lane, e.Owner, a.Owner())
+		}
+		checkNoDelayedNak(t, c.lane, c.seq, acksOf(c.seq))
+	}
+	open("stuck")
+	<-stopped
+}
+
+// watchAcks records every acknowledgement of an inbox delivery (acks, NAKs,
+// in-progress signals: publishes to the delivery's reply subject) and
+// returns those of a stream seq so far.
+func watchAcks(t *testing.T, nc *nats.Conn, names broker.Names) func(seq uint64) []string {
+	var mu sync.Mutex
+	acks := map[uint64][]string{}
+	sub, err := nc.Subscribe("$JS.ACK.>", func(m *nats.Msg) {
+		md, err := (&nats.Msg{Reply: m.Subject, Sub: m.Sub}).Metadata()
+		if err != nil || md.Stream != names.InboxStream() {
+			return
+		}
+		mu.Lock()
+		acks[md.Sequence.Stream] = append(acks[md.Sequence.Stream], string(m.Data))
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() }) //nolint:errcheck
+	return func(seq uint64) []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(acks[seq])
+	}
+}
+
+// checkNoDelayedNak fails the test if the acknowledgements got of the
+// delivery of seq hold a NAK with a delay, or are none.
+func checkNoDelayedNak(t *testing.T, lane string, seq uint64, got []string) {
+	t.Helper()
+	for _, s := range got {
+		if strings.HasPrefix(s, "-NAK") && strings.Contains(s, "delay") {
+			t.Errorf("%s: the delivery of seq %d was handed back with a delay (%q; all: %q)", lane, seq, s, got)
+		}
+	}
+	if len(got) == 0 {
+		t.Errorf("%s: no acknowledgement seen for seq %d", lane, seq)
+	}
+}
+
+// TestLeaseGoneWhenReadIsTaken: a lease acquisition whose create was
+// refused but which found no lease when it read the holder (it was
+// released, or ran out, in between: common in a rolling restart) takes the
+// lane at once. It used to count as held by nobody in particular, and the
+// delivery went back with a delay (a whole lease TTL with a turn in
+// flight), its turn waiting that long.
+func TestLeaseGoneWhenReadIsTaken(t *testing.T) {
+	t.Parallel()
+	srv := natstest.RunServer(t)
+	nc := srv.Connect(t)
+	js := natstest.JetStream(t, nc)
+	names := broker.MustNames("fleet")
+	const ttl = 30 * time.Second
+	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acksOf := watchAcks(t, nc, names)
+	w, err := New(nc, js, res, Config{ID: "w", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: ttl,
+		Reset: session.ResetConfig{Default: session.ResetPolicy{Mode: session.ResetNone}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first acquisition meets the lease gone by the time it reads it.
+	var vanished sync.Once
+	acquire := w.acquireLease
+	w.acquireLease = func(ctx context.Context, lane, owner string, live uint64) (*kv.Lease, error) {
+		gone := false
+		vanished.Do(func() { gone = true })
+		if gone {
+			return nil, &kv.HeldError{Lane: lane}
+		}
+		return acquire(ctx, lane, owner, live)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("worker: %v", err)
+		}
+	})
+
+	src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: "vanished", ChatType: session.ChatDM, UserID: "u"}
+	key := session.BuildSessionKey(src, session.DefaultKeyOptions())
+	lane := session.LaneToken(key)
+	data, _ := json.Marshal(session.Inbound{Source: src, SessionKey: key, Kind: session.KindMessage, Text: "hello", ReceivedAt: time.Now()})
+	msg := nats.NewMsg(names.InboxSubject(session.Partition(names.Prefix(), lane), lane))
+	msg.Data = data
+	msg.Header.Set(broker.HdrSessionKey, key)
+	msg.Header.Set(broker.HdrKind, session.KindMessage)
+	ack, err := js.PublishMsg(t.Context(), msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := kv.NewStore(res, nil)
+	natstest.WaitFor(t, 60*time.Second, "the message to be run", func() error {
+		e, _, err := store.Get(t.Context(), lane)
+		if err != nil {
+			return err
+		}
+		if e.CommittedSeq < ack.Sequence {
+			return fmt.Errorf("committed %d < %d", e.CommittedSeq, ack.Sequence)
+		}
+		return nil
+	})
+	natstest.WaitFor(t, 30*time.Second, "the delivery acknowledged", func() error {
+		if len(acksOf(ack.Sequence)) == 0 {
+			return fmt.Errorf("no acknowledgement yet")
+		}
+		return nil
+	})
+	checkNoDelayedNak(t, lane, ack.Sequence, acksOf(ack.Sequence))
+	if n := w.Stats().HeldElsewhere.Load(); n != 0 {
+		t.Errorf("the lane counted %d times as held elsewhere", n)
+	}
+}
+
+// fakeMsg records how a delivery was handed back.
+type fakeMsg struct {
+	jetstream.Msg
+	naks []time.Duration // -1: a NAK without delay
+}
+
+func (m *fakeMsg) Nak() error { m.naks = append(m.naks, -1); return nil }
+func (m *fakeMsg) NakWithDelay(d time.Duration) error {
+	m.naks = append(m.naks, d)
+	return nil
+}
+
+// TestDrainingForwardMayStillHold: a draining worker hands a forwarded
+// delivery of a lane it does not run back at once, unless it may still
+// hold the lane's lease (a failed release, a give-up with the lease not
+// known lost): then with the delay, until the lease could have run out.
+func TestDrainingForwardMayStillHold(t *testing.T) {
+	w := &Worker{lanes: map[string]*lane{}}
+	handBack := func() []time.Duration {
+		m := &fakeMsg{}
+		w.drainingForward("l", m)
+		return m.naks
+	}
+	if got := handBack(); !slices.Equal(got, []time.Duration{-1}) {
+		t.Fatalf("a lane it does not hold: %v, want a NAK without delay", got)
+	}
+	w.mayHold.Store("l", time.Now().Add(time.Hour))
+	if got := handBack(); !slices.Equal(got, []time.Duration{fwdBackDelay}) {
+		t.Fatalf("a lane whose lease it may hold: %v, want a NAK after %s", got, fwdBackDelay)
+	}
+	w.mayHold.Store("l", time.Now().Add(-time.Second))
+	if got := handBack(); !slices.Equal(got, []time.Duration{-1}) {
+		t.Fatalf("a lane whose lease ran out: %v, want a NAK without delay", got)
+	}
+	if _, ok := w.mayHold.Load("l"); ok {
+		t.Fatal("the lane whose lease ran out is still remembered")
+	}
+}
