@@ -1,8 +1,16 @@
 package admin
 
-// SetMigrateHooks sets MigrateOptions' test hooks: afterDrain runs between a
-// batch's drain and its flip, afterFlip after the flip (an error stops the
-// migration there, as a kill would).
-func SetMigrateHooks(o *MigrateOptions, afterDrain func(round int), afterFlip func(round int) error) {
-	o.afterDrain, o.afterFlip = afterDrain, afterFlip
+// MigrateSteps are the steps of a migration, in order, as the step hook
+// (SetMigrateStep) names them.
+var MigrateSteps = []string{
+	stepGrown, stepGrowWritten, stepClosed, stepCloseSubjects, stepMarked, stepDrained, stepFlipped,
+	stepPurged, stepOpenSubjects, stepOpened, stepShrinkSubject, stepFinal,
 }
+
+// SetMigrateStep sets MigrateOptions' step test hook: it runs after each
+// step, and an error stops the migration there, as a kill would.
+func SetMigrateStep(o *MigrateOptions, step func(name string) error) { o.step = step }
+
+// SetMigrateBeforeMark sets MigrateOptions' beforeMark test hook: it runs
+// just before a drain marker is published into inbox stream i.
+func SetMigrateBeforeMark(o *MigrateOptions, f func(stream int)) { o.beforeMark = f }

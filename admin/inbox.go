@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,16 +22,37 @@ type MigrateOptions struct {
 	Batch int
 	// DrainTimeout bounds the wait for one batch's messages in the old
 	// stream to be committed (default 2m); past it the batch is reopened
-	// where it was and the migration stops with an error.
+	// (each partition in the one stream that can take it) and the migration
+	// stops with an error.
 	DrainTimeout time.Duration
 	// Log receives progress (nil: none).
 	Log *slog.Logger
 
-	// Test hooks: afterDrain runs between a drain and its flip, afterFlip
-	// after the flip (an error stops the migration there, as a kill would).
-	afterDrain func(round int)
-	afterFlip  func(round int) error
+	// Test hooks. step runs after each step the migration takes (the
+	// names are the step constants below); an error stops the migration
+	// there, as a kill would. beforeMark runs just before a drain marker
+	// is published into stream i: what the server applies before the
+	// marker (a publish it accepted before the close) is stored there.
+	step       func(name string) error
+	beforeMark func(stream int)
 }
+
+// The steps of a migration, as the step test hook names them, in the order
+// a migration meets them.
+const (
+	stepGrown         = "grown"           // new streams added, the old ones on exact subjects; the map not yet written
+	stepGrowWritten   = "grow-written"    // the map names the new streams
+	stepClosed        = "closed"          // close: the map marks the batch moving
+	stepCloseSubjects = "close-subjects"  // close: neither the old nor the new streams take the batch's subjects
+	stepMarked        = "marked"          // drain markers in the old streams
+	stepDrained       = "drained"         // every message of the batch up to its marker committed
+	stepFlipped       = "flipped"         // the map names the new streams, with the purge bounds
+	stepPurged        = "purged"          // the batch's partitions purged from their old streams
+	stepOpenSubjects  = "open-subjects"   // open: the new streams take the batch's subjects; the map not yet written
+	stepOpened        = "opened"          // open: the map drops the moves
+	stepShrinkSubject = "shrink-subjects" // back to one stream: it takes the wildcard; the map not yet written
+	stepFinal         = "final"           // the map has the target count; the emptied streams not yet deleted
+)
 
 // MigrateReport says what a migration did.
 type MigrateReport struct {
@@ -51,17 +73,20 @@ var ErrMapChanged = errors.New("the inbox map changed under the migration (anoth
 // MigrateInbox changes the number of inbox streams of a running fleet to
 // target, losing nothing. Partitions move in batches; each move is
 //
-//  1. close: the map marks the partition moving and its stream stops taking
-//     its subject (publishes to it wait: the ingress and the workers retry
-//     while no stream answers);
-//  2. drain: wait until every lane of the partition in the old stream has
-//     committed its last message there (its workers go on reading the old
-//     stream, which the map still names);
-//  3. flip: the map names the new stream; owners bound to the old one
-//     release the lane when idle;
-//  4. purge the partition from the old stream (all of it committed), so a
-//     stream only ever holds messages of the partitions assigned to it;
-//  5. open: the new stream takes the subject, the map drops the move.
+//  1. close: the map marks the partition moving, and neither its old nor
+//     its new stream takes its subject (publishes to it wait: the ingress
+//     and the workers retry while no stream answers);
+//  2. mark: a marker message goes into the old stream, on its control
+//     subject; every message of the partition the old stream accepted
+//     before the close is stored below the marker (see mark);
+//  3. drain: wait until every message of the partition up to the marker
+//     is committed (its workers go on reading the old stream, which the
+//     map still names);
+//  4. flip: the map names the new stream, with the marker as the purge
+//     bound; owners bound to the old one release the lane when idle;
+//  5. purge the partition from the old stream up to the bound, so a stream
+//     only ever holds messages of the partitions assigned to it;
+//  6. open: the new stream takes the subject, then the map drops the move.
 //
 // Every step is written to the map first (by compare-and-set), so a
 // migration stopped anywhere is finished by running it again with the same
@@ -98,6 +123,11 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 		return rep, fmt.Errorf("a migration to %d streams is under way: finish it first (fleetctl inbox streams %d)", mg.m.Target, mg.m.Target)
 	}
 	if !mg.m.Migrating() && mg.m.Streams == target {
+		// A migration stopped after its last map write leaves its emptied
+		// streams behind.
+		if err := mg.deleteFrom(ctx, target); err != nil {
+			return rep, err
+		}
 		rep.Took = time.Since(start)
 		return rep, nil
 	}
@@ -132,7 +162,13 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 				return rep, err
 			}
 		}
+		if err := mg.step(stepGrown); err != nil {
+			return rep, err
+		}
 		if err := mg.write(ctx, next); err != nil {
+			return rep, err
+		}
+		if err := mg.step(stepGrowWritten); err != nil {
 			return rep, err
 		}
 	} else if mg.m.Target != target {
@@ -162,6 +198,12 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 		moves = moves[n:]
 	}
 
+	// The drain markers served their purpose.
+	for i := 0; i < mg.m.Streams; i++ {
+		if err := mg.purgeMarkers(ctx, i); err != nil {
+			return rep, err
+		}
+	}
 	// Shrink: the streams past target hold nothing now.
 	final := mg.m.Clone()
 	final.Streams, final.Target, final.From = target, 0, 0
@@ -170,25 +212,56 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 		if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, final, 0); err != nil {
 			return rep, err
 		}
+		if err := mg.step(stepShrinkSubject); err != nil {
+			return rep, err
+		}
 	}
-	prev := mg.m.Streams
 	if err := mg.write(ctx, final); err != nil {
 		return rep, err
 	}
-	for i := target; i < prev; i++ {
-		name := f.Names.InboxStreamAt(i)
-		if st, err := f.JS.Stream(ctx, name); err == nil {
-			if info, err := st.Info(ctx); err == nil && info.State.Msgs > 0 {
-				return rep, fmt.Errorf("inbox stream %s still holds %d messages after its partitions moved: left in place", name, info.State.Msgs)
-			}
-		}
-		if err := f.JS.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return rep, fmt.Errorf("delete the emptied inbox stream %s: %w", name, err)
-		}
+	if err := mg.step(stepFinal); err != nil {
+		return rep, err
+	}
+	if err := mg.deleteFrom(ctx, target); err != nil {
+		return rep, err
 	}
 	rep.Took = time.Since(start)
 	log.Info("inbox migration done", slog.Int("streams", target), slog.Int("moved", rep.Moved), slog.Duration("took", rep.Took))
 	return rep, nil
+}
+
+// deleteFrom deletes the inbox streams from index first on, which the map
+// no longer names: each must hold nothing but drain markers.
+func (mg *migration) deleteFrom(ctx context.Context, first int) error {
+	f := mg.f
+	for i := first; i < broker.MaxInboxStreams; i++ {
+		name := f.Names.InboxStreamAt(i)
+		st, err := f.JS.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("inbox stream %s: %w", name, err)
+		}
+		if err := mg.purgeMarkers(ctx, i); err != nil {
+			return err
+		}
+		if info, err := st.Info(ctx); err == nil && info.State.Msgs > 0 {
+			return fmt.Errorf("inbox stream %s still holds %d messages after its partitions moved: left in place", name, info.State.Msgs)
+		}
+		if err := f.JS.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("delete the emptied inbox stream %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// step runs the step test hook.
+func (mg *migration) step(name string) error {
+	if mg.o.step == nil {
+		return nil
+	}
+	return mg.o.step(name)
 }
 
 type migration struct {
@@ -237,17 +310,19 @@ type moveResult struct {
 	drain time.Duration
 }
 
-// move runs the five steps of MigrateInbox for a batch. A batch of a
+// move runs the six steps of MigrateInbox for a batch. A batch of a
 // migration stopped half-way keeps the time it closed, and its moves already
-// flipped go on to the purge, bounded by the seq their drain recorded.
+// flipped go on to the purge, bounded by the marker their drain recorded.
 //
-// The purge of a partition from its old stream goes up to the stream's last
-// seq when the drain listed the partition (every message of the partition
-// up to it was then committed), never further: a publish accepted just
-// before the close but stored after the drain looked (a replicated stream
-// applies it a moment later) stays. Such a message, found after the purge,
-// puts its partition back in its old stream (un-flipped, still closed) and
-// the batch drains again, so it is answered there before the move ends.
+// The close takes the batch's subjects off its new streams too: a migration
+// stopped between the open's subject change and its map write left them
+// there, and a partition put back in its old stream (below) must not take
+// publishes in two streams.
+//
+// A message of the partition found in the old stream past the purge bound
+// (which the marker rules out, see mark) puts its partition back in its old
+// stream (un-flipped, still closed) and the batch drains again, with a new
+// marker, so it is answered there before the move ends.
 func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult, error) {
 	f := mg.f
 	var res moveResult
@@ -264,22 +339,24 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 	if err := mg.write(ctx, next); err != nil {
 		return res, err
 	}
-	froms := map[int]bool{}
-	for _, mv := range batch {
-		froms[mv.From] = true
+	if err := mg.step(stepClosed); err != nil {
+		return res, err
 	}
-	for i := range froms {
+	for _, i := range streamsOf(batch, true, true) {
 		if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, mg.m, i); err != nil {
 			return res, err
 		}
+	}
+	if err := mg.step(stepCloseSubjects); err != nil {
+		return res, err
 	}
 	began := time.Now()
 	dctx, cancel := context.WithTimeout(ctx, mg.o.DrainTimeout)
 	defer cancel()
 	for round := 0; ; round++ {
-		// 2. drain the moves still reading from their old stream (and any
-		// flipped by a version that did not record the drain's bound: it
-		// is verified again).
+		// 2. mark and 3. drain the moves still reading from their old
+		// stream (and any flipped by a version that did not record the
+		// drain's bound: it is verified again).
 		var pending []broker.Move
 		for _, mv := range mg.m.Moving {
 			if !mg.m.Flipped(mv) || mv.Drained == nil {
@@ -287,15 +364,26 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 			}
 		}
 		if len(pending) > 0 {
-			bounds, err := mg.drain(dctx, pending)
+			marks := map[int]uint64{}
+			for _, i := range streamsOf(pending, true, false) {
+				seq, err := mg.mark(dctx, i)
+				if err != nil {
+					return res, mg.reopen(ctx, err)
+				}
+				marks[i] = seq
+			}
+			if err := mg.step(stepMarked); err != nil {
+				return res, err
+			}
+			bounds, err := mg.drain(dctx, pending, marks)
 			if err != nil {
 				return res, mg.reopen(ctx, err)
 			}
 			res.drain = time.Since(began)
-			if mg.o.afterDrain != nil {
-				mg.o.afterDrain(round)
+			if err := mg.step(stepDrained); err != nil {
+				return res, err
 			}
-			// 3. flip, with each partition's purge bound.
+			// 4. flip, with each partition's purge bound.
 			next := mg.m.Clone()
 			for i, mv := range next.Moving {
 				if b, ok := bounds[mv.P]; ok {
@@ -306,22 +394,23 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 			if err := mg.write(ctx, next); err != nil {
 				return res, err
 			}
-			if mg.o.afterFlip != nil {
-				if err := mg.o.afterFlip(round); err != nil {
-					return res, err
-				}
+			if err := mg.step(stepFlipped); err != nil {
+				return res, err
 			}
 		}
-		// 4. purge, up to the bounds.
+		// 5. purge, up to the bounds.
 		residue, err := mg.purge(ctx)
 		if err != nil {
+			return res, err
+		}
+		if err := mg.step(stepPurged); err != nil {
 			return res, err
 		}
 		if len(residue) == 0 {
 			break
 		}
-		// Messages stored after the drain looked: back to the old
-		// stream, still closed, and drain again.
+		// Messages stored past the bound: back to the old stream, still
+		// closed, and drain again.
 		back := mg.m.Clone()
 		for i, mv := range back.Moving {
 			if residue[mv.P] {
@@ -332,22 +421,25 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 		if err := mg.write(ctx, back); err != nil {
 			return res, err
 		}
-		mg.log.Warn("inbox partitions got messages in their old stream after its drain: drained again",
+		mg.log.Warn("inbox partitions got messages in their old stream past the drain's marker: drained again",
 			slog.Int("partitions", len(residue)), slog.Int("round", round))
 	}
-	// 5. open.
+	// 6. open: the new streams take the subjects, then the map says so (a
+	// stop between the two is mended by the close of the re-run).
 	next = mg.m.Clone()
 	next.Moving = nil
-	tos := map[int]bool{}
-	for _, mv := range batch {
-		tos[mv.To] = true
-	}
-	for i := range tos {
+	for _, i := range streamsOf(batch, false, true) {
 		if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, next, i); err != nil {
 			return res, err
 		}
 	}
+	if err := mg.step(stepOpenSubjects); err != nil {
+		return res, err
+	}
 	if err := mg.write(ctx, next); err != nil {
+		return res, err
+	}
+	if err := mg.step(stepOpened); err != nil {
 		return res, err
 	}
 	res.moved = batch
@@ -355,39 +447,136 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 	return res, nil
 }
 
-// reopen puts the batch's partitions that still read from their old stream
-// back there, taking publishes again (nothing of them moved), after a drain
-// that could not finish. A partition already flipped (only by a version
-// that did not record its drain's bound) stays closed: its old stream's
-// messages cannot be told committed, so running the command again is the
-// way on.
+// streamsOf lists, in order, the old (from) and/or new (to) streams of moves.
+func streamsOf(moves []broker.Move, from, to bool) []int {
+	var out []int
+	for _, mv := range moves {
+		if from {
+			out = append(out, mv.From)
+		}
+		if to {
+			out = append(out, mv.To)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// mark publishes a drain marker into inbox stream i, on its control
+// subject, and returns the marker's seq: every message of a partition the
+// close took off the stream's subjects that the stream accepted before the
+// close is stored below it, so the marker bounds the drain and the purge.
+//
+// Why (nats-server v2.15, read from its source): a stream receives the
+// publishes of its subjects through internal subscriptions, whose callback
+// (processInboundJetStreamMsg) only queues the message on the stream's
+// inbound queue (mset.msgs); one goroutine per stream (internalLoop) takes
+// that queue in order. An R1 stream stores each message there
+// (processJetStreamMsg, which does not check the subject against the
+// stream's subjects again: a message queued before the close is stored
+// after it), so the seqs follow the queue's order. A replicated stream's
+// leader proposes each one there, in the same order, to the stream's raft
+// group (processClusteredInboundMsg, commitSingleMsg: one proposal queue)
+// and every replica stores them in the log's order. A proposal of a leader
+// that lost its leadership is either in the new leader's log, before
+// anything the new leader proposes (the marker included), or never
+// committed (the publisher gets no ack and retries: into the closed
+// partition, so it waits). The close's stream update removes the
+// subscription before its answer is sent (updateWithAdvisory, then the
+// stream leader answers: processClusterUpdateStream), and the marker is
+// published after that answer, so it is queued after every publish the
+// stream took for the closed subject. The one window left is a publish
+// whose delivery passed the subscription's closed check (deliverMsg) just
+// before the update and whose goroutine reaches the queue only after the
+// update's answer and the marker's publish went over the network: the
+// purge's check for messages past the bound (purge) catches it before the
+// open, and the batch drains again.
+func (mg *migration) mark(ctx context.Context, i int) (uint64, error) {
+	if mg.o.beforeMark != nil {
+		mg.o.beforeMark(i)
+	}
+	name := mg.f.Names.InboxStreamAt(i)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	ack, err := mg.f.JS.Publish(ctx, mg.f.Names.InboxControlSubject(i), []byte("drain marker"), jetstream.WithExpectStream(name),
+		jetstream.WithRetryAttempts(100), jetstream.WithRetryWait(200*time.Millisecond))
+	if err != nil {
+		return 0, fmt.Errorf("drain marker into %s: %w", name, err)
+	}
+	return ack.Sequence, nil
+}
+
+// purgeMarkers removes the drain markers from inbox stream i.
+func (mg *migration) purgeMarkers(ctx context.Context, i int) error {
+	name := mg.f.Names.InboxStreamAt(i)
+	st, err := mg.f.JS.Stream(ctx, name)
+	if err != nil {
+		return fmt.Errorf("inbox stream %s: %w", name, err)
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSubject(mg.f.Names.InboxControlSubject(i))); err != nil {
+		return fmt.Errorf("purge the drain markers of %s: %w", name, err)
+	}
+	return nil
+}
+
+// reopen ends a batch whose drain (or marker) could not finish, leaving
+// each of its partitions taken by exactly one stream and the map saying
+// so:
+//   - a partition the batch did not flip goes back to its old stream, which
+//     holds all of its messages (nothing of it moved);
+//   - a flipped partition with a recorded bound was drained up to its
+//     marker: once purged up to it from its old stream (again: the purge
+//     may not have run yet) with nothing left there, its new stream takes
+//     it;
+//   - any other flipped partition (messages left in the old stream past
+//     its bound, or flipped by a version that recorded no bound) goes back
+//     to its old stream when its new stream holds nothing of it: no lane of
+//     it committed anything there.
+//
+// A flipped partition with messages in both streams (which takes a message
+// stored past its marker, and a migration stopped between an open's
+// subject change and its map write) stays closed: no stream can take it
+// without answering out of order; running the command again finishes it.
+// The streams' subjects are set before the map is written, as in the open.
 func (mg *migration) reopen(ctx context.Context, cause error) error {
+	f := mg.f
 	ctx = context.WithoutCancel(ctx)
+	residue, err := mg.purge(ctx)
+	if err != nil {
+		return fmt.Errorf("%w (the batch could not be reopened: %v; it stays closed until the command is run again)", cause, err)
+	}
 	back := mg.m.Clone()
 	back.Moving = nil
-	froms := map[int]bool{}
 	for _, mv := range mg.m.Moving {
-		if mg.m.Flipped(mv) {
-			back.Moving = append(back.Moving, mv)
-			continue
+		switch {
+		case !mg.m.Flipped(mv):
+		case mv.Drained != nil && !residue[mv.P]:
+		default:
+			_, found, err := nextOf(ctx, f.JS, f.Names.InboxStreamAt(mv.To), f.Names.InboxPartitionSubject(mv.P), 1)
+			if err != nil || found {
+				back.Moving = append(back.Moving, mv)
+				continue
+			}
+			back.Assign[mv.P] = mv.From
 		}
-		froms[mv.From] = true
+	}
+	for _, i := range streamsOf(mg.m.Moving, true, true) {
+		if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, back, i); err != nil {
+			return fmt.Errorf("%w (the batch could not be reopened: %v; it stays closed until the command is run again)", cause, err)
+		}
 	}
 	if err := mg.write(ctx, back); err != nil {
 		return fmt.Errorf("%w (the batch could not be reopened: %v; it stays closed until the command is run again)", cause, err)
 	}
-	for i := range froms {
-		_ = broker.SetInboxSubjects(ctx, mg.f.JS, mg.f.Names, mg.m, i)
-	}
 	if len(back.Moving) > 0 {
-		return fmt.Errorf("%w (%d partitions already flipped stay closed until the command is run again)", cause, len(back.Moving))
+		return fmt.Errorf("%w (%d partitions with messages in both their old and new streams stay closed until the command is run again)", cause, len(back.Moving))
 	}
 	return cause
 }
 
 // purge removes each flipped move's partition from its old stream up to the
 // bound its drain recorded, and returns the partitions that still have
-// messages there: stored after the drain looked, never committed.
+// messages there: stored past the bound, never committed.
 func (mg *migration) purge(ctx context.Context) (map[int]bool, error) {
 	f := mg.f
 	var residue map[int]bool
@@ -415,7 +604,7 @@ func (mg *migration) purge(ctx context.Context) (map[int]bool, error) {
 				residue = map[int]bool{}
 			}
 			residue[mv.P] = true
-			mg.log.Warn("inbox partition has a message in its old stream after its drain", slog.Int("partition", mv.P),
+			mg.log.Warn("inbox partition has a message in its old stream past its drain's bound", slog.Int("partition", mv.P),
 				slog.String("stream", name), slog.Uint64("seq", seq), slog.Uint64("drained", *mv.Drained))
 		}
 	}
@@ -451,11 +640,13 @@ func lastOf(ctx context.Context, js jetstream.JetStream, stream, subj string) (u
 }
 
 // drain waits until every lane of each move's partition has committed its
-// last message in the move's old stream, and returns each partition's purge
-// bound: the old stream's last seq just before its messages of the
-// partition were listed, with nothing of the partition stored after it.
-// Every message of the partition up to the bound is then committed.
-func (mg *migration) drain(ctx context.Context, moves []broker.Move) (map[int]uint64, error) {
+// last message in the move's old stream up to the stream's marker (marks:
+// stream index -> the marker's seq, see mark), and returns each partition's
+// purge bound: its marker, with nothing of the partition stored past it.
+// Every message of the partition up to the bound is then committed. A
+// message past the marker (see mark: the one window it leaves) takes a new
+// marker.
+func (mg *migration) drain(ctx context.Context, moves []broker.Move, marks map[int]uint64) (map[int]uint64, error) {
 	f := mg.f
 	done := map[string]uint64{} // subject -> last seq known committed
 	bounds := map[int]uint64{}
@@ -466,23 +657,26 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move) (map[int]ui
 			if _, ok := bounds[mv.P]; ok {
 				continue
 			}
+			bound, ok := marks[mv.From]
+			if !ok {
+				seq, err := mg.mark(ctx, mv.From)
+				if err != nil {
+					return nil, drainErr(ctx, err)
+				}
+				marks[mv.From], bound = seq, seq
+			}
 			name := f.Names.InboxStreamAt(mv.From)
 			st, err := f.JS.Stream(ctx, name)
 			if err != nil {
 				return nil, drainErr(ctx, err)
 			}
-			whole, err := st.Info(ctx)
-			if err != nil {
-				return nil, drainErr(ctx, err)
-			}
-			bound := whole.State.LastSeq
-			id := whole.Config.Metadata[broker.InboxIDMetadata]
 			info, err := st.Info(ctx, jetstream.WithSubjectFilter(f.Names.InboxPartitionSubject(mv.P)))
 			if err != nil {
 				return nil, drainErr(ctx, err)
 			}
+			id := info.Config.Metadata[broker.InboxIDMetadata]
 			prefix := fmt.Sprintf("%s.in.%d.", f.Names.Prefix(), mv.P)
-			ok := true
+			ok = true
 			for subj := range info.State.Subjects {
 				last, found, err := lastOf(ctx, f.JS, name, subj)
 				if err != nil {
@@ -510,13 +704,13 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move) (map[int]ui
 			if !ok {
 				continue
 			}
-			// Stored after the bound (after the close): not covered by
-			// it; the next round takes a later bound.
+			// Stored past the marker: not covered by it; a new marker.
 			if seq, found, err := nextOf(ctx, f.JS, name, f.Names.InboxPartitionSubject(mv.P), bound+1); err != nil {
 				return nil, drainErr(ctx, err)
 			} else if found {
 				left++
 				firstLeft = fmt.Sprintf("partition %d (seq %d)", mv.P, seq)
+				delete(marks, mv.From)
 				continue
 			}
 			bounds[mv.P] = bound
@@ -526,7 +720,7 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move) (map[int]ui
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("drain: %d lanes still have uncommitted messages in their old stream (e.g. %s) after %s: the batch was reopened where it was; retry later or with a longer --drain-timeout: %w",
+			return nil, fmt.Errorf("drain: %d lanes still have uncommitted messages in their old stream (e.g. %s) after %s: the batch was reopened; retry later or with a longer --drain-timeout: %w",
 				left, firstLeft, mg.o.DrainTimeout, ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -174,6 +175,7 @@ func TestMigrateInboxWaitsForTheDrain(t *testing.T) {
 // partition moves to stream 1 when the fleet grows to 2 streams.
 type migrateFleet struct {
 	t     *testing.T
+	srv   *natstest.Server
 	names broker.Names
 	js    jetstream.JetStream
 	fl    *admin.Fleet
@@ -184,8 +186,16 @@ type migrateFleet struct {
 }
 
 func newMigrateFleet(t *testing.T) *migrateFleet {
+	f := newMigrateFleetNoWorker(t)
+	f.startWorker("mv-1")
+	return f
+}
+
+// newMigrateFleetNoWorker is a migrateFleet whose worker is not started:
+// no lane's message is committed until startWorker.
+func newMigrateFleetNoWorker(t *testing.T) *migrateFleet {
 	srv := natstest.RunServer(t)
-	f := &migrateFleet{t: t, names: broker.MustNames("fleet")}
+	f := &migrateFleet{t: t, srv: srv, names: broker.MustNames("fleet")}
 	nc := srv.Connect(t)
 	f.js = natstest.JetStream(t, nc)
 	if _, err := broker.Provision(t.Context(), f.js, broker.ProvisionConfig{Names: f.names, LeaseTTL: 3 * time.Second}); err != nil {
@@ -206,16 +216,21 @@ func newMigrateFleet(t *testing.T) *migrateFleet {
 		}
 	}
 	f.p = session.Partition(f.names.Prefix(), f.lane)
+	return f
+}
 
-	wnc := srv.Connect(t)
+// startWorker runs an echo worker until the test ends.
+func (f *migrateFleet) startWorker(id string) {
+	t := f.t
+	wnc := f.srv.Connect(t)
 	wjs := natstest.JetStream(t, wnc)
 	wres, err := broker.Provision(t.Context(), wjs, broker.ProvisionConfig{Names: f.names, LeaseTTL: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(wnc, wjs, wres, worker.Config{ID: "mv-1", Names: f.names, Backend: echo.Backend(echo.Options{}),
+	w, err := worker.New(wnc, wjs, wres, worker.Config{ID: id, Names: f.names, Backend: echo.Backend(echo.Options{}),
 		LeaseTTL: 3 * time.Second, LeaseMargin: 500 * time.Millisecond, PeekInterval: 100 * time.Millisecond, DrainTimeout: 2 * time.Second,
-		Linger: 200 * time.Millisecond})
+		Linger: 200 * time.Millisecond, Reset: session.ResetConfig{Default: session.ResetPolicy{Mode: session.ResetNone}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +239,6 @@ func newMigrateFleet(t *testing.T) *migrateFleet {
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = w.Run(ctx) }()
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	return f
 }
 
 func (f *migrateFleet) msg(text string) *nats.Msg {
@@ -250,22 +264,40 @@ func (f *migrateFleet) post(text string) *jetstream.PubAck {
 
 // storeLate stores a message of the lane in stream 0 while its partition is
 // closed there: what a replicated stream does with a publish it accepted
-// just before the close and applies after it. The stream takes the
-// partition's subject for the moment of the publish.
+// just before the close and applies after it. Stream 0 takes the
+// partition's subject for the moment of the publish (and any other stream
+// that takes it, a stream a stopped migration opened, lets go of it for
+// that moment).
 func (f *migrateFleet) storeLate(text string) *jetstream.PubAck {
 	f.t.Helper()
 	ctx := f.t.Context()
+	subj := f.names.InboxPartitionSubject(f.p)
+	var undo []jetstream.StreamConfig
+	for i := 1; i < broker.MaxInboxStreams; i++ {
+		st, err := f.js.Stream(ctx, f.names.InboxStreamAt(i))
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		cfg := st.CachedInfo().Config
+		if !slices.Contains(cfg.Subjects, subj) {
+			continue
+		}
+		undo = append(undo, cfg)
+		cfg.Subjects = slices.DeleteFunc(slices.Clone(cfg.Subjects), func(s string) bool { return s == subj })
+		if _, err := f.js.UpdateStream(ctx, cfg); err != nil {
+			f.t.Fatal(err)
+		}
+	}
 	st, err := f.js.Stream(ctx, f.names.InboxStreamAt(0))
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	cfg := info.Config
-	orig := slices.Clone(cfg.Subjects)
-	cfg.Subjects = append(cfg.Subjects, f.names.InboxPartitionSubject(f.p))
+	cfg := st.CachedInfo().Config
+	undo = append(undo, cfg)
+	cfg.Subjects = append(slices.Clone(cfg.Subjects), subj)
 	if _, err := f.js.UpdateStream(ctx, cfg); err != nil {
 		f.t.Fatal(err)
 	}
@@ -273,9 +305,10 @@ func (f *migrateFleet) storeLate(text string) *jetstream.PubAck {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	cfg.Subjects = orig
-	if _, err := f.js.UpdateStream(ctx, cfg); err != nil {
-		f.t.Fatal(err)
+	for _, cfg := range slices.Backward(undo) {
+		if _, err := f.js.UpdateStream(ctx, cfg); err != nil {
+			f.t.Fatal(err)
+		}
 	}
 	if ack.Stream != f.names.InboxStreamAt(0) {
 		f.t.Fatalf("the late message went to %s", ack.Stream)
@@ -353,8 +386,8 @@ func TestMigrateInboxPurgeIsBoundedByTheDrain(t *testing.T) {
 				}
 			}
 			errKilled := errors.New("killed after the flip")
-			admin.SetMigrateHooks(&o, nil, func(int) error {
-				if injected {
+			admin.SetMigrateStep(&o, func(step string) error {
+				if injected || step != "flipped" {
 					return nil
 				}
 				inject()
@@ -409,4 +442,469 @@ func mustBucket(t *testing.T, f *migrateFleet) jetstream.KeyValue {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestMigrateInboxMarkerBoundsTheDrain: a publish the old stream accepted
+// before the close but stores only after it (a replicated stream applies it
+// a moment later) is answered in the old stream before the move ends. The
+// server takes a stream's publishes in order, so such a message is stored
+// before anything published into the stream after the close: the test
+// stores it just before the migration's drain marker (the latest the server
+// can), or, if the migration publishes nothing into the old stream after
+// the close, after the migration's last look at the old stream (the
+// purge's check, here of the batch's last round). The lane's transcript
+// then holds every message once, in order, and the old stream nothing of
+// the moved partition.
+func TestMigrateInboxMarkerBoundsTheDrain(t *testing.T) {
+	f := newMigrateFleet(t)
+	first := f.post("first")
+	f.waitCommitted(0, first.Sequence)
+
+	var o admin.MigrateOptions
+	o.Batch, o.DrainTimeout = 64, 30*time.Second
+	var late *jetstream.PubAck
+	admin.SetMigrateBeforeMark(&o, func(stream int) {
+		if late == nil && stream == 0 {
+			late = f.storeLate("late")
+		}
+	})
+	admin.SetMigrateStep(&o, func(step string) error {
+		if late == nil && step == "purged" {
+			late = f.storeLate("late")
+		}
+		return nil
+	})
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, o); err != nil {
+		t.Fatal(err)
+	}
+	if late == nil {
+		t.Fatal("no late message was stored")
+	}
+	after := f.post("after")
+	if after.Stream != f.names.InboxStreamAt(1) {
+		t.Fatalf("the lane's message after the move went to %s", after.Stream)
+	}
+	f.waitCommitted(1, after.Sequence)
+	if users := f.users(); !slices.Equal(users, []string{"first", "late", "after"}) {
+		t.Fatalf("user entries %q, want first, late, after", users)
+	}
+	st0, err := f.js.Stream(t.Context(), f.names.InboxStreamAt(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st0.GetLastMsgForSubject(t.Context(), f.names.InboxSubject(f.p, f.lane)); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("stream 0 still holds the moved partition's messages: %v", err)
+	}
+}
+
+// TestMigrateInboxRerunClosesTheNewStream: a migration stopped between the
+// open's subject change (the new stream takes the batch's subjects) and its
+// map write, with a message of a moved partition left in its old stream
+// past the drain's bound, is run again: its close takes the subjects off
+// the new stream too, so while the partition goes back to its old stream to
+// drain that message no stream but the one the map names takes publishes of
+// it. Everything is answered once, in order.
+func TestMigrateInboxRerunClosesTheNewStream(t *testing.T) {
+	f := newMigrateFleet(t)
+	first := f.post("first")
+	f.waitCommitted(0, first.Sequence)
+
+	errKilled := errors.New("killed after the open's subject change")
+	var o admin.MigrateOptions
+	o.Batch, o.DrainTimeout = 64, 30*time.Second
+	admin.SetMigrateStep(&o, func(step string) error {
+		if step == "open-subjects" {
+			return errKilled
+		}
+		return nil
+	})
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, o); !errors.Is(err, errKilled) {
+		t.Fatalf("the stopped migration: %v", err)
+	}
+	subj := f.names.InboxPartitionSubject(f.p)
+	if !slices.Contains(f.subjects(1), subj) {
+		t.Fatalf("stream 1 does not take partition %d after the open's subject change: %v", f.p, f.subjects(1))
+	}
+	late := f.storeLate("late")
+
+	var takers [][]int
+	o = admin.MigrateOptions{DrainTimeout: 30 * time.Second}
+	admin.SetMigrateStep(&o, func(step string) error {
+		var in []int
+		for i := range 2 {
+			if slices.Contains(f.subjects(i), subj) {
+				in = append(in, i)
+			}
+		}
+		if step == "close-subjects" || step == "drained" {
+			takers = append(takers, in)
+		}
+		return nil
+	})
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, o); err != nil {
+		t.Fatal(err)
+	}
+	if len(takers) == 0 {
+		t.Fatal("the re-run did not close the batch")
+	}
+	for _, in := range takers {
+		if len(in) != 0 {
+			t.Fatalf("while the re-run moved the batch, streams %v took partition %d (each step: %v)", in, f.p, takers)
+		}
+	}
+	after := f.post("after")
+	if after.Stream != f.names.InboxStreamAt(1) {
+		t.Fatalf("the lane's message after the move went to %s", after.Stream)
+	}
+	f.waitCommitted(1, after.Sequence)
+	if users := f.users(); !slices.Equal(users, []string{"first", "late", "after"}) {
+		t.Fatalf("user entries %q, want first, late, after (late at %d)", users, late.Sequence)
+	}
+}
+
+// TestMigrateInboxDrainTimeoutReopensEachPartitionOnce: a batch whose first
+// round flipped and purged its partitions but one (a message stored in its
+// old stream past the drain's bound puts it back there), and whose second
+// drain times out (no worker commits that message), is reopened with every
+// partition taken by exactly one stream, the one the map names: the one put
+// back by its old stream, the others by their new one. Run again with a
+// worker, the migration finishes and the message is answered.
+func TestMigrateInboxDrainTimeoutReopensEachPartitionOnce(t *testing.T) {
+	f := newMigrateFleetNoWorker(t)
+	var o admin.MigrateOptions
+	o.Batch, o.DrainTimeout = 64, 5*time.Second
+	var late *jetstream.PubAck
+	admin.SetMigrateStep(&o, func(step string) error {
+		if late == nil && step == "flipped" {
+			late = f.storeLate("late")
+		}
+		return nil
+	})
+	_, err := f.fl.MigrateInbox(t.Context(), 2, o)
+	if err == nil || late == nil {
+		t.Fatalf("the migration: %v (late message stored: %v), want a drain timeout", err, late != nil)
+	}
+	t.Logf("as expected: %v", err)
+	m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Moving) != 0 || m.Assign[f.p] != 0 {
+		t.Fatalf("after the drain timeout the map is %s, partition %d in stream %d, want nothing moving and it in 0",
+			m, f.p, m.Assign[f.p])
+	}
+	f.checkSubjects(m)
+	for p := 1; p < broker.Partitions; p += 2 {
+		if p != f.p && m.Assign[p] != 1 {
+			t.Fatalf("partition %d, flipped and purged, is in stream %d, want 1", p, m.Assign[p])
+		}
+	}
+
+	f.startWorker("mv-1")
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	after := f.post("after")
+	if after.Stream != f.names.InboxStreamAt(1) {
+		t.Fatalf("the lane's message after the move went to %s", after.Stream)
+	}
+	f.waitCommitted(1, after.Sequence)
+	if users := f.users(); !slices.Equal(users, []string{"late", "after"}) {
+		t.Fatalf("user entries %q, want late, after", users)
+	}
+}
+
+// subjects are the subjects inbox stream i takes.
+func (f *migrateFleet) subjects(i int) []string {
+	f.t.Helper()
+	st, err := f.js.Stream(f.t.Context(), f.names.InboxStreamAt(i))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return st.CachedInfo().Config.Subjects
+}
+
+// checkSubjects checks that each stream of m takes exactly the subjects m
+// gives it, so each open partition is taken by exactly the stream m names,
+// and that no stream past m's count is left.
+func (f *migrateFleet) checkSubjects(m broker.InboxMap) {
+	f.t.Helper()
+	checkInboxSubjects(f.t, f.js, f.names, m)
+}
+
+func checkInboxSubjects(t *testing.T, js jetstream.JetStream, names broker.Names, m broker.InboxMap) {
+	t.Helper()
+	for i := 0; i < broker.MaxInboxStreams; i++ {
+		st, err := js.Stream(t.Context(), names.InboxStreamAt(i))
+		if i >= m.Streams {
+			if !errors.Is(err, jetstream.ErrStreamNotFound) {
+				t.Fatalf("stream %s past the map's %d streams: %v", names.InboxStreamAt(i), m.Streams, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := st.CachedInfo().Config.Subjects, m.Subjects(names, i); !slices.Equal(got, want) {
+			t.Fatalf("stream %s takes %v, the map (%s) gives it %v", names.InboxStreamAt(i), got, m, want)
+		}
+	}
+}
+
+// TestMigrateInboxStoppedAtEveryStep: with two workers and lanes that keep
+// posting (each lane's next message once the previous one was stored,
+// retried with the same message id while its partition is closed), the
+// fleet goes from 1 to 2 inbox streams and back to 1, each migration
+// stopped (as by a kill) after one of its steps, then run again to the end.
+// For every step: each lane's transcript holds exactly the messages it
+// posted, once each, in order; after each migration the map has its target
+// and nothing moving, each stream takes exactly the subjects the map gives
+// it, the emptied streams are gone, and no stream holds a message of a
+// partition it is not assigned.
+func TestMigrateInboxStoppedAtEveryStep(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a migration per step under load")
+	}
+	for _, stop := range admin.MigrateSteps {
+		t.Run(stop, func(t *testing.T) {
+			f := newMigrateFleet(t)
+			f.startWorker("mv-2")
+			ps := startPosters(t, func() jetstream.JetStream { return natstest.JetStream(t, f.srv.Connect(t)) }, f.names, "stop-"+stop, 6)
+			ps.waitPosted(t, 2)
+			stopped := 0
+			for _, target := range []int{2, 1} {
+				errKilled := fmt.Errorf("killed after %s", stop)
+				var o admin.MigrateOptions
+				o.Batch, o.DrainTimeout = 16, 60*time.Second
+				admin.SetMigrateStep(&o, func(step string) error {
+					if step == stop {
+						admin.SetMigrateStep(&o, nil)
+						return errKilled
+					}
+					return nil
+				})
+				_, err := f.fl.MigrateInbox(t.Context(), target, o)
+				if err != nil {
+					if !errors.Is(err, errKilled) {
+						t.Fatalf("migrate to %d: %v", target, err)
+					}
+					stopped++
+					if _, err = f.fl.MigrateInbox(t.Context(), target, admin.MigrateOptions{Batch: 16, DrainTimeout: 60 * time.Second}); err != nil {
+						t.Fatalf("migrate to %d again: %v", target, err)
+					}
+				}
+				m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if m.Streams != target || m.Migrating() {
+					t.Fatalf("after the migration to %d the map is %s", target, m)
+				}
+				f.checkSubjects(m)
+				checkInboxHolds(t, f.js, f.names, m)
+				ps.waitPosted(t, 2)
+			}
+			if stopped == 0 {
+				t.Fatalf("no migration met step %s", stop)
+			}
+			ps.stop(t)
+			ps.checkTranscripts(t, f.fl)
+		})
+	}
+}
+
+// checkInboxHolds checks that each stream of m holds messages of its
+// partitions only.
+func checkInboxHolds(t *testing.T, js jetstream.JetStream, names broker.Names, m broker.InboxMap) {
+	t.Helper()
+	for i := 0; i < m.Streams; i++ {
+		st, err := js.Stream(t.Context(), names.InboxStreamAt(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := st.Info(t.Context(), jetstream.WithSubjectFilter(names.InboxWildcard()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for subj := range info.State.Subjects {
+			var p int
+			if _, err := fmt.Sscanf(strings.TrimPrefix(subj, names.Prefix()+".in."), "%d.", &p); err != nil {
+				t.Fatalf("subject %s in %s: %v", subj, names.InboxStreamAt(i), err)
+			}
+			if m.Assign[p] != i {
+				t.Fatalf("stream %s holds %s of partition %d, assigned to stream %d", names.InboxStreamAt(i), subj, p, m.Assign[p])
+			}
+		}
+	}
+}
+
+// posters are lanes posting one message after the other until stopped, as
+// the ingress does: a publish is retried with the same message id while its
+// partition is closed (no stream answers) or its first copy is still being
+// stored.
+type posters struct {
+	names broker.Names
+	lanes []*posterLane
+	quit  chan struct{}
+	wg    sync.WaitGroup
+	errs  chan error
+	done  bool
+}
+
+type posterLane struct {
+	key, lane string
+	mu        sync.Mutex
+	sent      []string
+}
+
+func (l *posterLane) posted() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.sent)
+}
+
+func startPosters(t *testing.T, connect func() jetstream.JetStream, names broker.Names, tag string, lanes int) *posters {
+	ps := &posters{names: names, quit: make(chan struct{}), errs: make(chan error, lanes)}
+	for i := range lanes {
+		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: fmt.Sprintf("%s-%d", tag, i), ChatType: session.ChatDM, UserID: "u"}
+		key := session.BuildSessionKey(src, session.DefaultKeyOptions())
+		l := &posterLane{key: key, lane: session.LaneToken(key)}
+		ps.lanes = append(ps.lanes, l)
+		js := connect()
+		ps.wg.Add(1)
+		go func() {
+			defer ps.wg.Done()
+			p := session.Partition(names.Prefix(), l.lane)
+			for n := 0; ; n++ {
+				select {
+				case <-ps.quit:
+					return
+				default:
+				}
+				text := fmt.Sprintf("%s-%d-%d", tag, i, n)
+				data, _ := json.Marshal(session.Inbound{Source: src, SessionKey: key, Kind: session.KindMessage, Text: text,
+					PlatformMsgID: "http:" + text, ReceivedAt: time.Now()})
+				msg := nats.NewMsg(names.InboxSubject(p, l.lane))
+				msg.Data = data
+				msg.Header.Set(broker.HdrSessionKey, key)
+				msg.Header.Set(broker.HdrKind, session.KindMessage)
+				deadline := time.Now().Add(2 * time.Minute)
+				var err error
+				for {
+					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+					_, err = js.PublishMsg(ctx, msg, append(broker.InboxPublishOptions(), jetstream.WithMsgID("http:"+text))...)
+					cancel()
+					if err == nil || time.Now().After(deadline) {
+						break
+					}
+					select {
+					case <-ps.quit:
+						// Stopped mid-retry: whether the message was stored
+						// is unknown; the lane's check allows it either way.
+						l.mu.Lock()
+						l.sent = append(l.sent, "?"+text)
+						l.mu.Unlock()
+						return
+					case <-time.After(100 * time.Millisecond):
+					}
+				}
+				if err != nil {
+					ps.errs <- fmt.Errorf("lane %d: post %s: %w", i, text, err)
+					return
+				}
+				l.mu.Lock()
+				l.sent = append(l.sent, text)
+				l.mu.Unlock()
+				select {
+				case <-ps.quit:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+		}()
+	}
+	t.Cleanup(func() { ps.stop(t) })
+	return ps
+}
+
+// waitPosted waits until every lane posted n more messages.
+func (ps *posters) waitPosted(t *testing.T, n int) {
+	t.Helper()
+	from := make([]int, len(ps.lanes))
+	for i, l := range ps.lanes {
+		from[i] = len(l.posted())
+	}
+	natstest.WaitFor(t, 2*time.Minute, fmt.Sprintf("every lane to post %d more", n), func() error {
+		select {
+		case err := <-ps.errs:
+			t.Fatal(err)
+		default:
+		}
+		for i, l := range ps.lanes {
+			if got := len(l.posted()) - from[i]; got < n {
+				return fmt.Errorf("lane %s posted %d", l.lane, got)
+			}
+		}
+		return nil
+	})
+}
+
+func (ps *posters) stop(t *testing.T) {
+	if !ps.done {
+		ps.done = true
+		close(ps.quit)
+		ps.wg.Wait()
+	}
+	select {
+	case err := <-ps.errs:
+		t.Error(err)
+	default:
+	}
+}
+
+// checkTranscripts waits for every lane's transcript to hold exactly the
+// messages it posted, once each, in order (a message whose post was cut
+// short by the stop may be there or not).
+func (ps *posters) checkTranscripts(t *testing.T, fl *admin.Fleet) {
+	t.Helper()
+	for _, l := range ps.lanes {
+		sent := l.posted()
+		if len(sent) == 0 {
+			t.Fatalf("lane %s posted nothing", l.lane)
+		}
+		want := sent
+		optional := ""
+		if last := sent[len(sent)-1]; strings.HasPrefix(last, "?") {
+			want, optional = sent[:len(sent)-1], last[1:]
+		}
+		natstest.WaitFor(t, 2*time.Minute, "lane "+l.lane+" to incorporate every message", func() error {
+			e, _, err := fl.Store.Get(t.Context(), l.lane)
+			if err != nil {
+				return err
+			}
+			if e.Turn != nil {
+				return fmt.Errorf("turn in flight")
+			}
+			entries, _, err := fl.TX.Load(t.Context(), e.SessionID)
+			if err != nil {
+				return err
+			}
+			var users []string
+			for _, e := range entries {
+				if e.Role == "user" {
+					users = append(users, e.Content)
+				}
+			}
+			if len(users) < len(want) {
+				return fmt.Errorf("%d of %d messages incorporated", len(users), len(want))
+			}
+			if optional != "" && len(users) == len(want)+1 && users[len(users)-1] == optional {
+				users = users[:len(want)]
+			}
+			if !slices.Equal(users, want) {
+				t.Fatalf("lane %s: transcript users %q, want exactly %q", l.lane, users, want)
+			}
+			return nil
+		})
+	}
 }

@@ -138,9 +138,10 @@ func (m InboxMap) PartitionsOf(i int) []int {
 
 // Subjects are the subjects stream i takes: the wildcard when one stream
 // holds every partition and none is closed (the layout of a fleet that never
-// set the count), else the exact subjects of its open partitions, or a
-// parked subject no one publishes to when it has none (JetStream gives a
-// stream with no subjects its own name as one).
+// set the count), else the exact subjects of its open partitions and the
+// stream's control subject (InboxControlSubject: the migration's markers;
+// the only subject of a stream that holds no partition, as JetStream would
+// otherwise give a stream with no subjects its own name as one).
 func (m InboxMap) Subjects(n Names, i int) []string {
 	if m.Streams == 1 && len(m.Moving) == 0 {
 		return []string{n.InboxWildcard()}
@@ -151,10 +152,7 @@ func (m InboxMap) Subjects(n Names, i int) []string {
 			out = append(out, n.InboxPartitionSubject(p))
 		}
 	}
-	if len(out) == 0 {
-		out = []string{n.InboxParkedSubject(i)}
-	}
-	return out
+	return append(out, n.InboxControlSubject(i))
 }
 
 // Clone returns a deep copy.
@@ -226,9 +224,15 @@ func (n Names) InboxStreamIndex(name string) (int, bool) {
 // InboxPartitionSubject matches every lane of partition p.
 func (n Names) InboxPartitionSubject(p int) string { return n.prefix + ".in." + strconv.Itoa(p) + ".>" }
 
-// InboxParkedSubject is the one subject of an inbox stream that holds no
-// partition (during a migration); nothing is published to it.
-func (n Names) InboxParkedSubject(i int) string { return n.prefix + ".inparked." + strconv.Itoa(i) }
+// InboxControlSubject is inbox stream i's own subject outside the lanes
+// (and outside InboxWildcard, so never republished as a hint): the
+// migration publishes its drain markers there (admin.MigrateInbox), which
+// the workers acknowledge and otherwise ignore. Every inbox stream takes it
+// but the one stream of the wildcard layout, which no migration is moving.
+func (n Names) InboxControlSubject(i int) string { return n.prefix + ".inctl." + strconv.Itoa(i) }
+
+// InboxControlPrefix starts every inbox stream's control subject.
+func (n Names) InboxControlPrefix() string { return n.prefix + ".inctl." }
 
 // InboxMapBucket holds the inbox map.
 func (n Names) InboxMapBucket() string { return n.prefix + "_inbox" }

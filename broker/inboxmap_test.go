@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,6 +46,8 @@ func TestDefaultInboxMap(t *testing.T) {
 			}
 			continue
 		}
+		// Besides each stream's control subject.
+		all = slices.DeleteFunc(all, func(s string) bool { return strings.HasPrefix(s, n.InboxControlPrefix()) })
 		slices.Sort(all)
 		if len(all) != broker.Partitions || len(slices.Compact(all)) != broker.Partitions {
 			t.Fatalf("%d streams: %d subjects, want each of the %d partitions once", count, len(all), broker.Partitions)
@@ -60,7 +63,7 @@ func TestDefaultInboxMap(t *testing.T) {
 }
 
 // TestInboxMapMoving: a moving partition is in no stream's subjects, and a
-// stream left with none gets a parked subject outside the inbox.
+// stream left with none takes only its control subject, outside the inbox.
 func TestInboxMapMoving(t *testing.T) {
 	n := broker.MustNames("fleet")
 	m := broker.DefaultInboxMap(2)
@@ -73,11 +76,11 @@ func TestInboxMapMoving(t *testing.T) {
 	}
 	one := broker.DefaultInboxMap(1)
 	one.Streams = 2 // stream 1 added, holding nothing yet
-	if got := one.Subjects(n, 1); !slices.Equal(got, []string{"fleet.inparked.1"}) {
+	if got := one.Subjects(n, 1); !slices.Equal(got, []string{"fleet.inctl.1"}) {
 		t.Fatalf("empty stream subjects %v", got)
 	}
-	if got := len(one.Subjects(n, 0)); got != broker.Partitions {
-		t.Fatalf("stream 0 of two: %d subjects, want the %d exact ones", got, broker.Partitions)
+	if got := one.Subjects(n, 0); len(got) != broker.Partitions+1 || got[len(got)-1] != "fleet.inctl.0" {
+		t.Fatalf("stream 0 of two: %d subjects, want the %d exact ones and its control subject", len(got), broker.Partitions)
 	}
 	bad := broker.DefaultInboxMap(2)
 	bad.Assign[5] = 2
@@ -109,10 +112,10 @@ func TestInboxStreamNames(t *testing.T) {
 }
 
 // TestProvisionInboxStreams: a new fleet gets the configured number of inbox
-// streams, each with exactly its partitions' subjects and its own workers
-// consumer and identity; a lane's publish lands in its stream; a process
-// configured with another count is refused with a clear error and changes
-// nothing; 0 takes the fleet's count.
+// streams, each with exactly its partitions' subjects (and its control
+// subject) and its own workers consumer and identity; a lane's publish lands
+// in its stream; a process configured with another count is refused with a
+// clear error and changes nothing; 0 takes the fleet's count.
 func TestProvisionInboxStreams(t *testing.T) {
 	srv := natstest.RunServer(t)
 	js := natstest.JetStream(t, srv.Connect(t))
@@ -132,8 +135,8 @@ func TestProvisionInboxStreams(t *testing.T) {
 		}
 		ids[in.ID] = true
 		subs := in.Stream.CachedInfo().Config.Subjects
-		if len(subs) != len(broker.DefaultInboxMap(3).PartitionsOf(i)) {
-			t.Fatalf("%s: %d subjects", in.Name, len(subs))
+		if len(subs) != len(broker.DefaultInboxMap(3).PartitionsOf(i))+1 || subs[len(subs)-1] != n.InboxControlSubject(i) {
+			t.Fatalf("%s: %d subjects, want its partitions' and its control subject", in.Name, len(subs))
 		}
 	}
 	if len(ids) != 3 {

@@ -331,6 +331,11 @@ func (w *Worker) laneOf(subject string) (string, bool) {
 // Starting a runner needs a lane slot: at capacity it blocks, which stops
 // pulling (it never NAKs in a hot loop).
 func (w *Worker) dispatch(msg jetstream.Msg) {
+	if strings.HasPrefix(msg.Subject(), w.names.InboxControlPrefix()) {
+		// A migration's drain marker (admin.MigrateInbox): no lane's.
+		_ = msg.Ack()
+		return
+	}
 	laneTok, ok := w.laneOf(msg.Subject())
 	if !ok {
 		w.log.Error("inbox message outside the lane layout; acked and ignored", slog.String("subject", msg.Subject()))
