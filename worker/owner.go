@@ -43,8 +43,8 @@ import (
 //     are guarded by mu;
 //   - the hint subscription's callback writes known, blind, hintKnown (atomics)
 //     and hinted (guarded by hintMu), and signals hints;
-//   - the renew loop reads lease, writes renewedAt and lost (atomics), reads
-//     turnStart, and calls cancel;
+//   - the renew loop reads lease, writes renewedAt, triedAt, lost and taken
+//     (atomics), reads turnStart, and calls cancel;
 //   - the runner goroutine does everything else, and is the only one that
 //     reads or replaces entry and rev (through mutate);
 //   - the agent goroutine of a running turn calls append and publish (opMu
@@ -90,7 +90,17 @@ type owner struct {
 	// renew loop starts; renewDone is closed when that loop ended.
 	lease     *kv.Lease
 	renewedAt atomic.Int64 // nanoseconds since monoBase of the last confirmed renewal
-	lost      atomic.Bool
+	// triedAt is when the last renewal was sent or failed (monoBase
+	// nanos): one that failed may still have landed, and the key then
+	// lives a TTL from it (see leftHeld).
+	triedAt atomic.Int64
+	lost    atomic.Bool
+	// taken is set with lost when the lease is proven to name no longer
+	// this ownership (its key gone, or rewritten by another owner or a
+	// newer lease: a refused renewal, a fenced write refused, a newer
+	// fence). lost alone also covers a lease that could have expired,
+	// whose key may still name this worker for up to a TTL (see giveUp).
+	taken atomic.Bool
 	// live is the epoch of the worker's liveness lease the lease is bound
 	// to (the renew loop rebinds it when the worker takes a new one).
 	live      atomic.Uint64
@@ -150,6 +160,8 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 	w := o.w
 	o.lease = lease
 	o.lost.Store(false)
+	o.taken.Store(false)
+	o.triedAt.Store(0)
 	o.live.Store(lease.Live)
 	o.renewedAt.Store(int64(lease.Renewed.Sub(monoBase)))
 	o.ctx, o.cancel = context.WithCancelCause(w.hardCtx)
@@ -243,10 +255,25 @@ func (o *owner) mutate(fn kv.MutateFunc, fenced bool) error {
 	if fenced {
 		fence = &kv.Fence{Owner: o.w.owner, Epoch: o.lease.Epoch}
 	}
-	e, rev, err := o.w.store.Mutate(context.WithoutCancel(o.ctx), o.lane, o.entry, o.rev, fence, fn)
+	// fnLost tells fn's own refusals (a turn record not the one expected,
+	// an entry ahead of a lease just taken) from the fence's.
+	fnLost := false
+	e, rev, err := o.w.store.Mutate(context.WithoutCancel(o.ctx), o.lane, o.entry, o.rev, fence,
+		func(e *session.SessionEntry) (*session.SessionEntry, error) {
+			ne, err := fn(e)
+			fnLost = errors.Is(err, kv.ErrLeaseLost)
+			return ne, err
+		})
 	if err != nil {
 		o.noteWriteErr(err)
-		if errors.Is(err, kv.ErrLeaseLost) {
+		switch {
+		case errors.Is(err, kv.ErrLeaseLost) && !fnLost:
+			// The fence refused the write, on the leader's copy: the
+			// entry names another owner or epoch, which only the holder
+			// of a newer lease writes (an entry is deleted only with
+			// no owner).
+			o.leaseTaken()
+		case errors.Is(err, kv.ErrLeaseLost):
 			o.lost.Store(true)
 			o.cancel(kv.ErrLeaseLost)
 		}
@@ -267,8 +294,7 @@ func (o *owner) append(st *txState, e *transcript.Entry) error {
 	err := o.appendTo(st, e)
 	end(err)
 	if errors.Is(err, transcript.ErrConflict) {
-		o.lost.Store(true)
-		o.cancel(kv.ErrLeaseLost)
+		o.leaseTaken()
 		return fmt.Errorf("%w: %v", kv.ErrLeaseLost, err)
 	}
 	return err
@@ -433,7 +459,8 @@ func (o *owner) renewLoop(done chan struct{}) {
 		// our last write, so it fails if anyone took the lane meanwhile.
 		live := w.live.epoch.Load()
 		o.lease.Live = live
-		err := w.leases.Renew(o.ctx, o.lease)
+		o.triedAt.Store(mono())
+		err := w.renewLease(o.ctx, o.lease)
 		if err == nil {
 			if old := o.live.Swap(live); old != live {
 				o.log.Info("lane lease bound to the worker's new liveness lease", slog.Uint64("live", live), slog.Uint64("was", old))
@@ -446,10 +473,11 @@ func (o *owner) renewLoop(done chan struct{}) {
 			w.cfg.Metrics.LeaseLost(context.Background(), "taken")
 			o.log.Warn("lease lost")
 			w.stats.LeasesLost.Add(1)
-			o.lost.Store(true)
-			o.cancel(kv.ErrLeaseLost)
+			o.leaseTaken()
 			return
 		}
+		// The renewal may have landed all the same.
+		o.triedAt.Store(mono())
 		if o.ctx.Err() != nil {
 			return
 		}
@@ -565,8 +593,7 @@ func (o *owner) checkFenceEpoch(st *txState) error {
 		slog.String("session_id", st.sessionID), slog.Uint64("epoch", o.lease.Epoch), slog.Uint64("fence_epoch", newer))
 	o.w.cfg.Metrics.LeaseLost(context.Background(), "taken")
 	o.w.stats.LeasesLost.Add(1)
-	o.lost.Store(true)
-	o.cancel(kv.ErrLeaseLost)
+	o.leaseTaken()
 	return fmt.Errorf("transcript %s fenced at epoch %d, ours is %d: %w", st.sessionID, newer, o.lease.Epoch, kv.ErrLeaseLost)
 }
 
@@ -618,14 +645,26 @@ func (o *owner) parkTx() {
 }
 
 // giveUp ends ownership without writing anything (the lease was lost, or a
-// hard stop): held deliveries go back without ack.
+// hard stop): held deliveries go back without ack. Unless the lease is
+// proven taken, its key may still name this worker (a hard stop, or a
+// lease that could have expired but need not have: a renewal that failed
+// past the margin, a stale liveness lease, an agent past the gateway
+// timeout), so the lane is remembered as possibly held (leftHeld).
 func (o *owner) giveUp() {
 	o.cancel(errHardStop)
-	if !o.lost.Load() {
+	if !o.taken.Load() {
 		o.leftHeld()
 	}
 	o.nakHeld(0)
 	o.parkTx()
+}
+
+// leaseTaken records that the lease is proven lost to another owner (see
+// taken) and ends the ownership.
+func (o *owner) leaseTaken() {
+	o.taken.Store(true)
+	o.lost.Store(true)
+	o.cancel(kv.ErrLeaseLost)
 }
 
 // release ends ownership cleanly: owner cleared in the entry (the turn
@@ -643,7 +682,7 @@ func (o *owner) release() {
 	// The renew loop may be inside a Renew that writes the lease's
 	// revision: let it end before the release reads it.
 	<-o.renewDone
-	if err := w.leases.Release(context.WithoutCancel(w.hardCtx), o.lease); err != nil {
+	if err := w.releaseLease(context.WithoutCancel(w.hardCtx), o.lease); err != nil {
 		o.log.Warn("release lease", slog.Any("error", err))
 		o.leftHeld()
 	}
@@ -675,16 +714,25 @@ func (o *owner) release() {
 }
 
 // leftHeld records that the lane's runner ends while the worker may still
-// hold its lease: until the lease's last confirmed renewal plus its TTL (a
-// draining worker hands the lane's forwarded deliveries back with a delay
-// until then, see drainingForward).
+// hold its lease: until the key could have run out on the server, a TTL
+// after the last renewal that may have landed (the last confirmed one, or
+// a later one that failed or was cut off: its write may have landed all
+// the same), plus leaseExpirySlack (a draining worker hands the lane's
+// forwarded deliveries back with a delay until then, see drainingForward).
 func (o *owner) leftHeld() {
 	if o.lease == nil {
 		return
 	}
-	until := monoBase.Add(time.Duration(o.renewedAt.Load()) + o.w.cfg.LeaseTTL)
+	last := max(o.renewedAt.Load(), o.triedAt.Load())
+	until := monoBase.Add(time.Duration(last) + o.w.cfg.LeaseTTL + leaseExpirySlack)
 	o.w.mayHold.Store(o.lane, until)
 }
+
+// leaseExpirySlack is how much later than a TTL after a renewal was sent
+// its key may still be there: the TTL counts from when the server stored
+// the write, not from when it was sent, and the server's expiry itself
+// runs late (up to a quarter second measured, see the JetStream notes).
+const leaseExpirySlack = time.Second
 
 // releaseAndRecheck releases, then peeks once more: a message that arrived
 // after the last peek but before the release would otherwise wait for a

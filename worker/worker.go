@@ -44,8 +44,12 @@ type Worker struct {
 	tracer trace.Tracer
 	cache  *agentCache
 
-	// acquireLease is leases.AcquireBound (a test may wrap it).
+	// acquireLease is leases.AcquireBound, renewLease leases.Renew and
+	// releaseLease leases.Release, for the lane leases (a test may wrap
+	// them).
 	acquireLease func(ctx context.Context, lane, owner string, live uint64) (*kv.Lease, error)
+	renewLease   func(ctx context.Context, lease *kv.Lease) error
+	releaseLease func(ctx context.Context, lease *kv.Lease) error
 
 	inboxes   *broker.InboxSet
 	mu        sync.Mutex
@@ -157,6 +161,8 @@ func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Confi
 		started:   time.Now(),
 	}
 	w.acquireLease = w.leases.AcquireBound
+	w.renewLease = w.leases.Renew
+	w.releaseLease = w.leases.Release
 	w.log = c.Logger.With(slog.String("worker", w.owner))
 	w.cache.metrics = c.Metrics
 	w.tracer = telemetry.Tracer(c.TracerProvider)
