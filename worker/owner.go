@@ -124,6 +124,10 @@ type owner struct {
 	pauseTag string
 	// lastWriteErr is the last failed durable write (see settle).
 	lastWriteErr error
+	// leaseKept is set by a release whose delete of the lease failed: the
+	// key still names this worker, so what the lane hands back from then
+	// on goes with a delay (runner only).
+	leaseKept bool
 
 	// tx and agents are the sessions this ownership loaded (transcript
 	// tail and warm agent), returned to the worker's cache when it ends
@@ -162,6 +166,7 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 	o.lost.Store(false)
 	o.taken.Store(false)
 	o.triedAt.Store(0)
+	o.leaseKept = false
 	o.live.Store(lease.Live)
 	o.renewedAt.Store(int64(lease.Renewed.Sub(monoBase)))
 	o.ctx, o.cancel = context.WithCancelCause(w.hardCtx)
@@ -669,7 +674,9 @@ func (o *owner) leaseTaken() {
 
 // release ends ownership cleanly: owner cleared in the entry (the turn
 // record, if any, is kept for the next owner), lease deleted, held
-// deliveries above the committed seq handed back at once.
+// deliveries above the committed seq handed back at once. If the delete
+// failed they go back after fwdBackDelay: the lease still names this
+// worker, so a redelivery now would only be forwarded back here.
 func (o *owner) release() {
 	w := o.w
 	if err := o.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
@@ -685,6 +692,7 @@ func (o *owner) release() {
 	if err := w.releaseLease(context.WithoutCancel(w.hardCtx), o.lease); err != nil {
 		o.log.Warn("release lease", slog.Any("error", err))
 		o.leftHeld()
+		o.leaseKept = true
 	}
 	handOver := o.entry != nil && o.entry.Turn != nil
 	if !handOver && o.entry != nil && w.draining() {
@@ -708,9 +716,19 @@ func (o *owner) release() {
 		committed = o.entry.CommittedSeq
 	}
 	o.ackUpTo(committed)
-	o.nakHeld(0)
+	o.nakHeld(o.handBackDelay())
 	o.parkTx()
 	o.log.Debug("lane released")
+}
+
+// handBackDelay is the delay of a delivery the lane hands back once it
+// released: none, or fwdBackDelay when the release could not delete the
+// lease (leaseKept).
+func (o *owner) handBackDelay() time.Duration {
+	if o.leaseKept {
+		return fwdBackDelay
+	}
+	return 0
 }
 
 // leftHeld records that the lane's runner ends while the worker may still

@@ -73,6 +73,8 @@ func (l *lane) run() {
 				_ = m.NakWithDelay(time.Second) // its seq counts in another stream
 			} else if seqOf(m) <= committed {
 				_ = m.Ack()
+			} else if d := l.handBackDelay(); d > 0 {
+				_ = m.NakWithDelay(d) // the lease could not be deleted
 			} else {
 				_ = m.Nak()
 			}
