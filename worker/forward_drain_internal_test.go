@@ -3,10 +3,12 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -361,7 +363,9 @@ func (m *fakeMsg) NakWithDelay(d time.Duration) error {
 // TestDrainingForwardMayStillHold: a draining worker hands a forwarded
 // delivery of a lane it does not run back at once, unless it may still
 // hold the lane's lease (a failed release, a give-up with the lease not
-// known lost): then with the delay, until the lease could have run out.
+// proven taken): then with the delay, until the lease could have run out.
+// TestForwardToADrainingWorkerThatMayHoldTheLease drives the paths that
+// set it.
 func TestDrainingForwardMayStillHold(t *testing.T) {
 	w := &Worker{lanes: map[string]*lane{}}
 	handBack := func() []time.Duration {
@@ -383,4 +387,308 @@ func TestDrainingForwardMayStillHold(t *testing.T) {
 	if _, ok := w.mayHold.Load("l"); ok {
 		t.Fatal("the lane whose lease ran out is still remembered")
 	}
+}
+
+// TestForwardToADrainingWorkerThatMayHoldTheLease drives the paths that
+// leave a lane's lease possibly naming a worker that no longer runs the
+// lane, and checks that a delivery forwarded to that worker while it drains
+// goes back with the delay (at once, its redelivery would read the lease,
+// still naming this live worker, and be forwarded back here: a loop), and
+// at once when the lease is proven gone:
+//   - "relfail": the release's delete of the lease fails: the delivery the
+//     lane held goes back with the delay, and so does one forwarded after
+//     the release;
+//   - "renewfail": the renewals fail until the lease could have expired
+//     (lost, but not proven taken: the key may still be there): the lane
+//     is given up and left as possibly held;
+//   - "taken": the lease key is deleted under the owner (its renewal is
+//     refused): given up, not possibly held, handed back at once.
+func TestForwardToADrainingWorkerThatMayHoldTheLease(t *testing.T) {
+	t.Parallel()
+	srv := natstest.RunServer(t)
+	nc := srv.Connect(t)
+	js := natstest.JetStream(t, nc)
+	names := broker.MustNames("fleet")
+	const ttl = 9 * time.Second
+	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := kv.NewStore(res, nil)
+	acksOf := watchAcks(t, nc, names)
+
+	keyOf := func(chat string) (key, lane string) {
+		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: chat, ChatType: session.ChatDM, UserID: "u"}
+		key = session.BuildSessionKey(src, session.DefaultKeyOptions())
+		return key, session.LaneToken(key)
+	}
+	subjectOf := func(lane string) string {
+		return names.InboxSubject(session.Partition(names.Prefix(), lane), lane)
+	}
+	post := func(chat, text string) (lane string, seq uint64) {
+		t.Helper()
+		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: chat, ChatType: session.ChatDM, UserID: "u"}
+		key, lane := keyOf(chat)
+		data, _ := json.Marshal(session.Inbound{Source: src, SessionKey: key, Kind: session.KindMessage, Text: text, ReceivedAt: time.Now()})
+		msg := nats.NewMsg(subjectOf(lane))
+		msg.Data = data
+		msg.Header.Set(broker.HdrSessionKey, key)
+		msg.Header.Set(broker.HdrKind, session.KindMessage)
+		ack, err := js.PublishMsg(t.Context(), msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lane, ack.Sequence
+	}
+	entry := func(lane string) (*session.SessionEntry, error) {
+		e, _, err := store.Get(t.Context(), lane)
+		return e, err
+	}
+	waitCommitted := func(lane string, seq uint64) {
+		t.Helper()
+		natstest.WaitFor(t, 60*time.Second, "lane "+lane+" committed", func() error {
+			e, err := entry(lane)
+			if err != nil {
+				return err
+			}
+			if e.CommittedSeq < seq {
+				return fmt.Errorf("committed %d < %d", e.CommittedSeq, seq)
+			}
+			return nil
+		})
+	}
+
+	// The turns of "stuck" (which keeps the holder draining to the end)
+	// and "relfail" wait for their gate; the others echo.
+	gates := map[string]chan struct{}{}
+	for _, chat := range []string{"stuck", "relfail"} {
+		key, _ := keyOf(chat)
+		gates[key] = make(chan struct{})
+	}
+	var gateOnce sync.Map
+	open := func(chat string) {
+		key, _ := keyOf(chat)
+		if _, done := gateOnce.LoadOrStore(key, true); !done {
+			close(gates[key])
+		}
+	}
+	echoBackend := echo.Backend(echo.Options{})
+	backend := agent.BackendFunc(func(ctx context.Context, key, sid string) (agent.Agent, error) {
+		gate := gates[key]
+		if gate == nil {
+			return echoBackend.NewAgent(ctx, key, sid)
+		}
+		return agent.AgentFunc(func(ctx context.Context, tn *agent.Turn, emit agent.Emitter) (*agent.Result, error) {
+			select {
+			case <-gate:
+			case <-time.After(2 * time.Minute):
+			}
+			return &agent.Result{Text: "done"}, nil
+		}), nil
+	})
+
+	_, relfail := keyOf("relfail")
+	_, renewfail := keyOf("renewfail")
+	bnc := srv.Connect(t)
+	b, err := New(bnc, natstest.JetStream(t, bnc), res, Config{ID: "holder", Names: names, Backend: backend, LeaseTTL: ttl,
+		LeaseMargin: ttl / 3, DrainTimeout: 2 * time.Minute, Linger: time.Minute,
+		Reset: session.ResetConfig{Default: session.ResetPolicy{Mode: session.ResetNone}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The faults: the release of "relfail" cannot delete its lease; the
+	// renewals of "renewfail" fail once failRenew is set (as timeouts do:
+	// the worker cannot tell whether they landed).
+	var failRenew atomic.Bool
+	renew, release := b.renewLease, b.releaseLease
+	b.renewLease = func(ctx context.Context, lease *kv.Lease) error {
+		if lease.Lane == renewfail && failRenew.Load() {
+			return errors.New("injected: renewal timed out")
+		}
+		return renew(ctx, lease)
+	}
+	b.releaseLease = func(ctx context.Context, lease *kv.Lease) error {
+		if lease.Lane == relfail {
+			return errors.New("injected: release timed out")
+		}
+		return release(ctx, lease)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	var stopOnce sync.Once
+	stopB := func() {
+		stopOnce.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("holder: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stopB)
+	// Runs before stopB: a drain waits for the gated turns.
+	t.Cleanup(func() { open("stuck"); open("relfail") })
+	runs := func(lane string) bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.lanes[lane] != nil
+	}
+
+	// The holder runs the four lanes: "stuck" and "relfail" in a turn,
+	// "renewfail" and "taken" idle (lingering).
+	stuck, _ := post("stuck", "s1")
+	post("relfail", "f1")
+	_, n1 := post("renewfail", "n1")
+	taken, t1 := post("taken", "t1")
+	waitCommitted(renewfail, n1)
+	waitCommitted(taken, t1)
+	for _, lane := range []string{stuck, relfail} {
+		natstest.WaitFor(t, 30*time.Second, "a turn of "+lane+" running on the holder", func() error {
+			e, err := entry(lane)
+			if err != nil {
+				return err
+			}
+			if e.Turn == nil || e.Owner != b.Owner() {
+				return fmt.Errorf("turn %t, owner %q", e.Turn != nil, e.Owner)
+			}
+			return nil
+		})
+	}
+
+	// "taken": its lease key deleted under the holder; "renewfail": its
+	// renewals fail from now on.
+	if err := res.Leases.Purge(t.Context(), taken); err != nil {
+		t.Fatal(err)
+	}
+	failRenew.Store(true)
+	for _, lane := range []string{taken, renewfail} {
+		natstest.WaitFor(t, 60*time.Second, "the holder to give "+lane+" up", func() error {
+			if runs(lane) {
+				return errors.New("still running")
+			}
+			return nil
+		})
+	}
+	if b.mayHoldLease(taken, time.Now()) {
+		t.Error("taken: a lane whose lease was deleted is remembered as possibly held")
+	}
+	if !b.mayHoldLease(renewfail, time.Now()) {
+		t.Error("renewfail: a lane given up with its lease possibly still there is not remembered as possibly held")
+	}
+
+	// The holder drains (kept draining by "stuck"); "relfail" still runs
+	// its turn.
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); stopB() }()
+	natstest.WaitFor(t, 30*time.Second, "the holder draining", func() error {
+		rs, err := ListWorkers(t.Context(), res.Workers)
+		if err != nil {
+			return err
+		}
+		for _, r := range rs {
+			if r.Owner == b.Owner() && r.State == StateDraining {
+				return nil
+			}
+		}
+		return errors.New("not draining")
+	})
+
+	// forward posts a message to the lane, takes a delivery of it (from a
+	// consumer of the test's own) and forwards it to the holder, as a
+	// worker that saw the holder hold the lane would.
+	forward := func(chat string) (lane string, seq uint64) {
+		t.Helper()
+		lane, seq = post(chat, "forwarded")
+		cons, err := js.CreateConsumer(t.Context(), names.InboxStream(), jetstream.ConsumerConfig{
+			FilterSubject: subjectOf(lane), AckPolicy: jetstream.AckExplicitPolicy,
+			DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: seq, InactiveThreshold: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := cons.Next(jetstream.FetchMaxWait(30 * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fm := nats.NewMsg(b.forwardSubject(b.Owner()))
+		fm.Data = []byte(m.Reply())
+		fm.Header.Set(hdrFwdLane, lane)
+		fm.Header.Set(hdrFwdSubject, m.Subject())
+		fm.Header.Set(broker.HdrSessionKey, m.Headers().Get(broker.HdrSessionKey))
+		fm.Header.Set(broker.HdrKind, m.Headers().Get(broker.HdrKind))
+		if err := nc.PublishMsg(fm); err != nil {
+			t.Fatal(err)
+		}
+		return lane, seq
+	}
+	// answer is the first acknowledgement of the delivery of seq other
+	// than an in-progress signal (a lane renews those it holds).
+	answer := func(seq uint64) string {
+		for _, a := range acksOf(seq) {
+			if a != "+WPI" {
+				return a
+			}
+		}
+		return ""
+	}
+	handedBack := func(lane string, seq uint64) string {
+		t.Helper()
+		var got string
+		natstest.WaitFor(t, 30*time.Second, fmt.Sprintf("the forward of %s seq %d handed back", lane, seq), func() error {
+			if got = answer(seq); got == "" {
+				return errors.New("no acknowledgement yet")
+			}
+			return nil
+		})
+		return got
+	}
+	checkHandedBack := func(what, got string, delayed bool) {
+		t.Helper()
+		switch {
+		case !strings.HasPrefix(got, "-NAK"):
+			t.Errorf("%s: the forward was answered with %q, want a NAK", what, got)
+		case strings.Contains(got, "delay") != delayed:
+			t.Errorf("%s: the forward was handed back with %q, want a delay: %t", what, got, delayed)
+		}
+	}
+
+	// Forwards of the lanes the holder gave up (first: "renewfail" is
+	// possibly held only for a lease TTL and a second after its loss).
+	for _, c := range []struct {
+		chat    string
+		delayed bool
+	}{{"renewfail", true}, {"taken", false}} {
+		lane, seq := forward(c.chat)
+		checkHandedBack(c.chat, handedBack(lane, seq), c.delayed)
+	}
+
+	// "relfail": a forward the running lane holds, handed back by the
+	// release that cannot delete the lease.
+	received := b.Stats().ForwardsReceived.Load()
+	_, fwdHeld := forward("relfail")
+	natstest.WaitFor(t, 30*time.Second, "the forward of relfail received", func() error {
+		if n := b.Stats().ForwardsReceived.Load(); n <= received {
+			return fmt.Errorf("%d forwards received", n)
+		}
+		return nil
+	})
+	if got := answer(fwdHeld); got != "" {
+		t.Fatalf("relfail: the forward was answered with %q while the lane runs, want it held", got)
+	}
+	open("relfail")
+	checkHandedBack("relfail (held)", handedBack(relfail, fwdHeld), true)
+	natstest.WaitFor(t, 30*time.Second, "the holder to release relfail", func() error {
+		if runs(relfail) {
+			return errors.New("still running")
+		}
+		return nil
+	})
+	if !b.mayHoldLease(relfail, time.Now()) {
+		t.Error("relfail: a lane whose lease could not be deleted is not remembered as possibly held")
+	}
+
+	// A forward of "relfail" after its release.
+	lane, seq := forward("relfail")
+	checkHandedBack("relfail (released)", handedBack(lane, seq), true)
+	open("stuck")
+	<-stopped
 }
