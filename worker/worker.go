@@ -71,8 +71,8 @@ type Worker struct {
 
 	// mayHold holds the lanes this worker no longer runs whose lease it
 	// may still hold (a release whose delete failed, an ownership given
-	// up with the lease not known lost): lane -> time.Time until which it
-	// may (see owner.leftHeld, drainingForward).
+	// up with the lease not proven taken): lane -> time.Time until which
+	// it may (see owner.leftHeld, drainingForward).
 	mayHold sync.Map
 
 	// backlog is the watcher leader's last inbox backlog count (backlog.go).
