@@ -692,3 +692,28 @@ func TestForwardToADrainingWorkerThatMayHoldTheLease(t *testing.T) {
 	open("stuck")
 	<-stopped
 }
+
+// TestLeftHeldCountsTheLastRenewalSent: a lane left possibly held is so
+// until a TTL (plus leaseExpirySlack) after its last renewal sent, not only
+// after its last confirmed one: a renewal that failed (a timeout) may have
+// landed, and the key then lives a TTL from it.
+func TestLeftHeldCountsTheLastRenewalSent(t *testing.T) {
+	const ttl = 10 * time.Second
+	w := &Worker{cfg: Config{LeaseTTL: ttl}}
+	o := &owner{w: w, lane: "l", lease: &kv.Lease{}}
+	confirmed := mono()
+	o.renewedAt.Store(confirmed)
+	until := func() time.Time {
+		o.leftHeld()
+		v, _ := w.mayHold.Load("l")
+		return v.(time.Time)
+	}
+	if got, want := until(), monoBase.Add(time.Duration(confirmed)+ttl+leaseExpirySlack); !got.Equal(want) {
+		t.Errorf("after a confirmed renewal: possibly held until %v, want %v", got, want)
+	}
+	tried := confirmed + int64(ttl/3)
+	o.triedAt.Store(tried)
+	if got, want := until(), monoBase.Add(time.Duration(tried)+ttl+leaseExpirySlack); !got.Equal(want) {
+		t.Errorf("after a failed renewal: possibly held until %v, want %v", got, want)
+	}
+}
