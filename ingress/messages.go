@@ -451,10 +451,11 @@ func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptRespons
 		return nil, unavailable("cannot check the message id for duplicates; retry", l.err)
 	}
 	// A record of this very publish (the worker incorporated the message
-	// before the record was read) is not an earlier delivery.
-	own := e == nil && err == nil && !ack.Duplicate && ack.Sequence == l.seq
-	if l.found && !own {
-		return &acceptResponse{SessionKey: s.keyAt(rctx, m.lane, l.seq, m.inbound.SessionKey), Seq: l.seq, Duplicate: true}, nil
+	// before the record was read) is not an earlier delivery: its seq and,
+	// when it names one, its stream are the publish's (two inbox streams
+	// use the same seqs).
+	if l.found && !s.ownRecord(ctx, l.ref, ack, e, err) {
+		return &acceptResponse{SessionKey: s.keyAt(rctx, m.lane, l.ref.Seq, m.inbound.SessionKey), Seq: l.ref.Seq, Duplicate: true}, nil
 	}
 	if e != nil {
 		return nil, e
@@ -474,6 +475,21 @@ func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptRespons
 		return nil, unavailable("the message was stored but its unreadable id record could not be replaced; retry", err)
 	}
 	return resp, nil
+}
+
+// ownRecord reports whether ref, the msgids record read during a publish,
+// names the message that publish stored (ack, when e and err are nil): the
+// same seq, in the stream that stored it unless the record names no stream
+// (written before records did).
+func (s *Server) ownRecord(ctx context.Context, ref kv.MsgRef, ack *jetstream.PubAck, e *apiError, err error) bool {
+	if e != nil || err != nil || ack.Duplicate || ack.Sequence != ref.Seq {
+		return false
+	}
+	if ref.Inbox == "" {
+		return true
+	}
+	in := s.inboxNamed(ctx, ack.Stream)
+	return in != nil && in.ID == ref.Inbox
 }
 
 // publishInbox publishes m to its inbox subject within ctx (an opCtx): e
@@ -579,8 +595,9 @@ func (s *Server) maxPayload() int64 {
 
 // msgIDLookup is the answer of lookupMsgID.
 type msgIDLookup struct {
-	seq uint64
-	// found: the record names seq; corrupt: the record is not a seq and
+	// ref is the inbox message the record names.
+	ref kv.MsgRef
+	// found: the record names ref; corrupt: the record is not a seq and
 	// says nothing (the stream's Msg-Id window decides, and the caller
 	// overwrites it).
 	found, corrupt bool
@@ -603,7 +620,7 @@ func (s *Server) lookupMsgID(ctx context.Context, pmid string) msgIDLookup {
 			slog.String("platform_msg_id", pmid), slog.String("value", string(e.Value())))
 		return msgIDLookup{corrupt: true}
 	}
-	return msgIDLookup{seq: r.Seq, found: true}
+	return msgIDLookup{ref: r, found: true}
 }
 
 // platformMsgID is "<platform>:<chat_id>:<message_id>". '%' and ':' inside
@@ -621,6 +638,22 @@ func randomID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
 	return "rand:" + hex.EncodeToString(b[:])
+}
+
+// inboxNamed is the inbox stream named name, nil when it is not known
+// (the map is read again first when older than a second: a migration may
+// have added it).
+func (s *Server) inboxNamed(ctx context.Context, name string) *broker.Inbox {
+	if s.res.Inboxes == nil {
+		if name != s.names.InboxStream() {
+			return nil
+		}
+		return &broker.Inbox{Name: name, ID: s.res.InboxID, Stream: s.res.Inbox}
+	}
+	if in := s.res.Inboxes.ByName(name); in != nil {
+		return in
+	}
+	return s.res.Inboxes.Fresh(ctx, time.Second).ByName(name)
 }
 
 // inboxOf is the inbox stream that holds lane's messages now. The map is

@@ -389,6 +389,34 @@ func TestPostMessageRecordOfItsOwnPublish(t *testing.T) {
 	}
 }
 
+// A record of the same seq in another inbox stream (written before a
+// migration moved the partition, or before the stream was recreated) is not
+// this publish's: the message is a duplicate of it. A record naming this
+// publish's stream is its own.
+func TestPostMessageRecordOfAnotherStream(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if _, err := b.res.MsgIDs.Put(ctx, session.LaneToken("http:c1:other-1"), []byte("1 other-id")); err != nil {
+		t.Fatal(err)
+	}
+	r := b.post(t, `{"chat_id":"c1","message_id":"other-1","text":"hi"}`)
+	wantStatus(t, r, http.StatusAccepted)
+	if r.body["duplicate"] != true || seqOf(t, r) != 1 {
+		t.Fatalf("answer %s, want a duplicate of seq 1 (of the other stream)", r.raw)
+	}
+
+	if _, err := b.res.MsgIDs.Put(ctx, session.LaneToken("http:c1:own-2"), []byte("2 "+b.res.InboxID)); err != nil {
+		t.Fatal(err)
+	}
+	r = b.post(t, `{"chat_id":"c1","message_id":"own-2","text":"hi"}`)
+	wantStatus(t, r, http.StatusAccepted)
+	if r.body["duplicate"] != false || seqOf(t, r) != 2 {
+		t.Fatalf("answer %s, want seq 2, not a duplicate", r.raw)
+	}
+}
+
 // An unreadable msgids record does not block the message: it is published
 // and the record is replaced.
 func TestPostMessageCorruptMsgIDRecord(t *testing.T) {
