@@ -427,7 +427,9 @@ func (s *Server) acceptCtx(rctx context.Context, m *inboxMessage) (resp *acceptR
 // de-duplication window) is answered as a duplicate of it, as when the
 // record was read first; the copy the publish stored is skipped by the
 // worker's msgids claim (worker/msgids.go), so nothing runs or is answered
-// twice.
+// twice. The claim skips it only while the record lives (the bucket's
+// TTL), so the record is written again, as it is, when such a copy is
+// stored: its age starts with the copy's.
 func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptResponse, *apiError) {
 	// One bound for both, which run at once.
 	ctx, cancel := s.opCtx(rctx)
@@ -455,6 +457,18 @@ func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptRespons
 	// when it names one, its stream are the publish's (two inbox streams
 	// use the same seqs).
 	if l.found && !s.ownRecord(ctx, l.ref, ack, e, err) {
+		if e == nil && err == nil && !ack.Duplicate {
+			// The publish stored a copy, which the worker's claim skips
+			// while the record lives: its age starts again, so that it
+			// outlives the copy's wait in the lane (the bucket's TTL is
+			// counted from the last write).
+			rnctx, rncancel := s.opCtx(rctx)
+			rerr := s.msgIDs.Renew(rnctx, m.inbound.PlatformMsgID, l.entry.Value(), l.entry.Revision())
+			rncancel()
+			if rerr != nil {
+				return nil, unavailable("the message is a duplicate, but its id record could not be renewed; retry", rerr)
+			}
+		}
 		return &acceptResponse{SessionKey: s.keyAt(rctx, m.lane, l.ref.Seq, m.inbound.SessionKey), Seq: l.ref.Seq, Duplicate: true}, nil
 	}
 	if e != nil {
@@ -595,8 +609,9 @@ func (s *Server) maxPayload() int64 {
 
 // msgIDLookup is the answer of lookupMsgID.
 type msgIDLookup struct {
-	// ref is the inbox message the record names.
-	ref kv.MsgRef
+	// ref is the inbox message the record names, entry the record read.
+	ref   kv.MsgRef
+	entry jetstream.KeyValueEntry
 	// found: the record names ref; corrupt: the record is not a seq and
 	// says nothing (the stream's Msg-Id window decides, and the caller
 	// overwrites it).
@@ -620,7 +635,7 @@ func (s *Server) lookupMsgID(ctx context.Context, pmid string) msgIDLookup {
 			slog.String("platform_msg_id", pmid), slog.String("value", string(e.Value())))
 		return msgIDLookup{corrupt: true}
 	}
-	return msgIDLookup{ref: r, found: true}
+	return msgIDLookup{ref: r, entry: e, found: true}
 }
 
 // platformMsgID is "<platform>:<chat_id>:<message_id>". '%' and ':' inside
