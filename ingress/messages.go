@@ -469,7 +469,9 @@ func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptRespons
 				return nil, unavailable("the message is a duplicate, but its id record could not be renewed; retry", rerr)
 			}
 		}
-		return &acceptResponse{SessionKey: s.keyAt(rctx, m.lane, l.ref.Seq, m.inbound.SessionKey), Seq: l.ref.Seq, Duplicate: true}, nil
+		ref := l.ref
+		key := s.keyAt(rctx, m, ref.Seq, func(ctx context.Context) *broker.Inbox { return s.recordInbox(ctx, m.lane, ref.Inbox) })
+		return &acceptResponse{SessionKey: key, Seq: ref.Seq, Duplicate: true}, nil
 	}
 	if e != nil {
 		return nil, e
@@ -538,20 +540,36 @@ func (s *Server) published(rctx context.Context, m *inboxMessage, ack *jetstream
 	}
 	resp := &acceptResponse{SessionKey: m.inbound.SessionKey, Seq: ack.Sequence, Duplicate: ack.Duplicate}
 	if ack.Duplicate {
-		resp.SessionKey = s.keyAt(rctx, m.lane, ack.Sequence, resp.SessionKey)
+		resp.SessionKey = s.keyAt(rctx, m, ack.Sequence, func(ctx context.Context) *broker.Inbox { return s.inboxNamed(ctx, ack.Stream) })
 	}
 	return resp, nil
 }
 
-// keyAt is the session key of the inbox message at seq, for a duplicate's
-// answer: a retry that reused a message id with another thread or user
-// derives another key, but the message that holds the id went to the first
-// one, and that is where its replies are. fallback when it cannot be read.
-func (s *Server) keyAt(rctx context.Context, lane string, seq uint64, fallback string) string {
+// keyAt is the session key of the inbox message at seq of the stream find
+// gives, for the answer to m, a duplicate of it: a retry that reused a
+// message id with another thread or user derives another key, but the
+// message that holds the id went to the first one, and that is where its
+// replies are. m's own key when that message cannot be read or is not one
+// with m's id: a seq counts in one stream only, and after a migration or a
+// recreated stream it may hold another chat's message, whose key must not
+// be told.
+func (s *Server) keyAt(rctx context.Context, m *inboxMessage, seq uint64, find func(context.Context) *broker.Inbox) string {
+	fallback := m.inbound.SessionKey
 	ctx, cancel := s.opCtx(rctx)
 	defer cancel()
-	raw, err := s.inboxOf(ctx, lane).GetMsg(ctx, seq)
+	in := find(ctx)
+	if in == nil {
+		return fallback
+	}
+	raw, err := in.Stream.GetMsg(ctx, seq)
 	if err != nil {
+		return fallback
+	}
+	hdr, want := broker.HdrPlatformMsgID, m.inbound.PlatformMsgID
+	if want == "" {
+		hdr, want = jetstream.MsgIDHeader, m.msgID
+	}
+	if raw.Header.Get(hdr) != want {
 		return fallback
 	}
 	if k := raw.Header.Get(broker.HdrSessionKey); k != "" {
@@ -671,12 +689,27 @@ func (s *Server) inboxNamed(ctx context.Context, name string) *broker.Inbox {
 	return s.res.Inboxes.Fresh(ctx, time.Second).ByName(name)
 }
 
-// inboxOf is the inbox stream that holds lane's messages now. The map is
-// read again when older than a second (one KV get; this is only asked for
-// duplicates), since a migration may have moved the lane's partition.
-func (s *Server) inboxOf(ctx context.Context, lane string) jetstream.Stream {
+// recordInbox is the inbox stream a msgids record's seq counts in: the one
+// of identity id, nil when none has it; for a record that names no stream
+// (written before records did), the one that holds lane's messages now.
+// The map is read again when older than a second (one KV get; this is only
+// asked for duplicates), since a migration may have moved the lane's
+// partition.
+func (s *Server) recordInbox(ctx context.Context, lane, id string) *broker.Inbox {
 	if s.res.Inboxes == nil {
-		return s.res.Inbox
+		if id != "" && id != s.res.InboxID {
+			return nil
+		}
+		return &broker.Inbox{Name: s.names.InboxStream(), ID: s.res.InboxID, Stream: s.res.Inbox}
 	}
-	return s.res.Inboxes.Fresh(ctx, time.Second).ForLane(lane).Stream
+	set := s.res.Inboxes.Fresh(ctx, time.Second)
+	if id == "" {
+		return set.ForLane(lane)
+	}
+	for _, in := range set.All() {
+		if in.ID == id {
+			return in
+		}
+	}
+	return nil
 }
