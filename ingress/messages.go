@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net/http"
 	"reflect"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -483,9 +482,14 @@ func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptRespons
 		// the answer does not wait for a second write.
 		return resp, e
 	}
-	// An unreadable record would make the worker's claim fail: replace it.
+	// An unreadable record would make the worker's claim fail: replace it
+	// with the record the claim would write.
 	pctx, pcancel := s.opCtx(rctx)
-	_, err = s.res.MsgIDs.Put(pctx, s.msgIDs.Key(m.inbound.PlatformMsgID), []byte(strconv.FormatUint(ack.Sequence, 10)))
+	ref := kv.MsgRef{Seq: ack.Sequence}
+	if in := s.inboxNamed(pctx, ack.Stream); in != nil {
+		ref.Inbox = in.ID
+	}
+	_, err = s.res.MsgIDs.Put(pctx, s.msgIDs.Key(m.inbound.PlatformMsgID), ref.Encode())
 	pcancel()
 	if err != nil {
 		return nil, unavailable("the message was stored but its unreadable id record could not be replaced; retry", err)

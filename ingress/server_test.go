@@ -479,8 +479,8 @@ func TestPostMessageCorruptMsgIDRecord(t *testing.T) {
 	if r.body["duplicate"] != false || seqOf(t, r) != 1 {
 		t.Fatalf("answer %s", r.raw)
 	}
-	if e, err := b.res.MsgIDs.Get(ctx, k); err != nil || string(e.Value()) != "1" {
-		t.Fatalf("record not replaced: %v %v", e, err)
+	if e, err := b.res.MsgIDs.Get(ctx, k); err != nil || string(e.Value()) != "1 "+b.res.InboxID {
+		t.Fatalf("record not replaced by the seq and stream of the message: %v %v", e, err)
 	}
 	r = b.post(t, `{"chat_id":"c1","message_id":"m9","text":"hi"}`)
 	if r.body["duplicate"] != true || seqOf(t, r) != 1 {
