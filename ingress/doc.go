@@ -16,7 +16,11 @@
 // the lane's inbox subject <prefix>.in.<partition>.<lane>. The answer, 202
 // {"session_key", "seq", "duplicate"}, is given only after JetStream
 // acknowledged the message, so a client that sees anything else may safely
-// retry: a failed publish answers 503.
+// retry: a failed publish answers 503. So does a failed read (or renewal)
+// of the message id's msgids record, which runs while the message is
+// published: that 503 may come with the message stored, and it then runs,
+// once; the client's retry with the same message_id is answered as its
+// duplicate.
 //
 // A message_id makes retries idempotent. The platform message id
 // "<platform>:<chat_id>:<message_id>" is the Nats-Msg-Id of the inbox message

@@ -163,3 +163,47 @@ func (b *testBundle) outboxReplies(t *testing.T, lane string) []session.Reply {
 		seq = raw.Sequence + 1
 	}
 }
+
+// A late retry whose copy is stored (past the stream's window, after the
+// message was incorporated) renews the msgids record, value unchanged: the
+// worker's claim skips the copy only while the record lives, and the
+// bucket's TTL counts from the last write, so the record must outlive the
+// copy's wait in its lane (a backlog, an outage).
+func TestLateRetryRenewsRecord(t *testing.T) {
+	t.Parallel()
+	const window = 500 * time.Millisecond
+	b := setup(t, setupOpts{duplicates: window})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	const body = `{"chat_id":"renew","message_id":"m1","text":"hi"}`
+	first := b.post(t, body)
+	wantStatus(t, first, http.StatusAccepted)
+	seq := seqOf(t, first)
+	// The record a worker writes when it incorporates the message.
+	k := session.LaneToken("http:renew:m1")
+	value := kv.MsgRef{Seq: seq, Inbox: b.res.InboxID}.Encode()
+	rev, err := b.res.MsgIDs.Create(ctx, k, value)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	natstest.WaitFor(t, time.Minute, "a retry stored past the stream's window", func() error {
+		r := b.post(t, body)
+		wantStatus(t, r, http.StatusAccepted)
+		if r.body["duplicate"] != true || seqOf(t, r) != seq {
+			t.Fatalf("retry answered %s, want a duplicate of seq %d", r.raw, seq)
+		}
+		if n := b.inboxCount(t); n < 2 {
+			return fmt.Errorf("inbox holds %d", n)
+		}
+		return nil
+	})
+	e, err := b.res.MsgIDs.Get(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(e.Value()) != string(value) || e.Revision() <= rev {
+		t.Fatalf("record %q at revision %d, want %q rewritten after revision %d", e.Value(), e.Revision(), value, rev)
+	}
+}

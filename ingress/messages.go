@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net/http"
 	"reflect"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -427,7 +426,9 @@ func (s *Server) acceptCtx(rctx context.Context, m *inboxMessage) (resp *acceptR
 // de-duplication window) is answered as a duplicate of it, as when the
 // record was read first; the copy the publish stored is skipped by the
 // worker's msgids claim (worker/msgids.go), so nothing runs or is answered
-// twice.
+// twice. The claim skips it only while the record lives (the bucket's
+// TTL), so the record is written again, as it is, when such a copy is
+// stored: its age starts with the copy's.
 func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptResponse, *apiError) {
 	// One bound for both, which run at once.
 	ctx, cancel := s.opCtx(rctx)
@@ -451,10 +452,25 @@ func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptRespons
 		return nil, unavailable("cannot check the message id for duplicates; retry", l.err)
 	}
 	// A record of this very publish (the worker incorporated the message
-	// before the record was read) is not an earlier delivery.
-	own := e == nil && err == nil && !ack.Duplicate && ack.Sequence == l.seq
-	if l.found && !own {
-		return &acceptResponse{SessionKey: s.keyAt(rctx, m.lane, l.seq, m.inbound.SessionKey), Seq: l.seq, Duplicate: true}, nil
+	// before the record was read) is not an earlier delivery: its seq and,
+	// when it names one, its stream are the publish's (two inbox streams
+	// use the same seqs).
+	if l.found && !s.ownRecord(ctx, l.ref, ack, e, err) {
+		if e == nil && err == nil && !ack.Duplicate {
+			// The publish stored a copy, which the worker's claim skips
+			// while the record lives: its age starts again, so that it
+			// outlives the copy's wait in the lane (the bucket's TTL is
+			// counted from the last write).
+			rnctx, rncancel := s.opCtx(rctx)
+			rerr := s.msgIDs.Renew(rnctx, m.inbound.PlatformMsgID, l.entry.Value(), l.entry.Revision())
+			rncancel()
+			if rerr != nil {
+				return nil, unavailable("the message is a duplicate, but its id record could not be renewed; retry", rerr)
+			}
+		}
+		ref := l.ref
+		key := s.keyAt(rctx, m, ref.Seq, func(ctx context.Context) *broker.Inbox { return s.recordInbox(ctx, m.lane, ref.Inbox) })
+		return &acceptResponse{SessionKey: key, Seq: ref.Seq, Duplicate: true}, nil
 	}
 	if e != nil {
 		return nil, e
@@ -466,14 +482,34 @@ func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptRespons
 		// the answer does not wait for a second write.
 		return resp, e
 	}
-	// An unreadable record would make the worker's claim fail: replace it.
+	// An unreadable record would make the worker's claim fail: replace it
+	// with the record the claim would write.
 	pctx, pcancel := s.opCtx(rctx)
-	_, err = s.res.MsgIDs.Put(pctx, s.msgIDs.Key(m.inbound.PlatformMsgID), []byte(strconv.FormatUint(ack.Sequence, 10)))
+	ref := kv.MsgRef{Seq: ack.Sequence}
+	if in := s.inboxNamed(pctx, ack.Stream); in != nil {
+		ref.Inbox = in.ID
+	}
+	_, err = s.res.MsgIDs.Put(pctx, s.msgIDs.Key(m.inbound.PlatformMsgID), ref.Encode())
 	pcancel()
 	if err != nil {
 		return nil, unavailable("the message was stored but its unreadable id record could not be replaced; retry", err)
 	}
 	return resp, nil
+}
+
+// ownRecord reports whether ref, the msgids record read during a publish,
+// names the message that publish stored (ack, when e and err are nil): the
+// same seq, in the stream that stored it unless the record names no stream
+// (written before records did).
+func (s *Server) ownRecord(ctx context.Context, ref kv.MsgRef, ack *jetstream.PubAck, e *apiError, err error) bool {
+	if e != nil || err != nil || ack.Duplicate || ack.Sequence != ref.Seq {
+		return false
+	}
+	if ref.Inbox == "" {
+		return true
+	}
+	in := s.inboxNamed(ctx, ack.Stream)
+	return in != nil && in.ID == ref.Inbox
 }
 
 // publishInbox publishes m to its inbox subject within ctx (an opCtx): e
@@ -508,20 +544,36 @@ func (s *Server) published(rctx context.Context, m *inboxMessage, ack *jetstream
 	}
 	resp := &acceptResponse{SessionKey: m.inbound.SessionKey, Seq: ack.Sequence, Duplicate: ack.Duplicate}
 	if ack.Duplicate {
-		resp.SessionKey = s.keyAt(rctx, m.lane, ack.Sequence, resp.SessionKey)
+		resp.SessionKey = s.keyAt(rctx, m, ack.Sequence, func(ctx context.Context) *broker.Inbox { return s.inboxNamed(ctx, ack.Stream) })
 	}
 	return resp, nil
 }
 
-// keyAt is the session key of the inbox message at seq, for a duplicate's
-// answer: a retry that reused a message id with another thread or user
-// derives another key, but the message that holds the id went to the first
-// one, and that is where its replies are. fallback when it cannot be read.
-func (s *Server) keyAt(rctx context.Context, lane string, seq uint64, fallback string) string {
+// keyAt is the session key of the inbox message at seq of the stream find
+// gives, for the answer to m, a duplicate of it: a retry that reused a
+// message id with another thread or user derives another key, but the
+// message that holds the id went to the first one, and that is where its
+// replies are. m's own key when that message cannot be read or is not one
+// with m's id: a seq counts in one stream only, and after a migration or a
+// recreated stream it may hold another chat's message, whose key must not
+// be told.
+func (s *Server) keyAt(rctx context.Context, m *inboxMessage, seq uint64, find func(context.Context) *broker.Inbox) string {
+	fallback := m.inbound.SessionKey
 	ctx, cancel := s.opCtx(rctx)
 	defer cancel()
-	raw, err := s.inboxOf(ctx, lane).GetMsg(ctx, seq)
+	in := find(ctx)
+	if in == nil {
+		return fallback
+	}
+	raw, err := in.Stream.GetMsg(ctx, seq)
 	if err != nil {
+		return fallback
+	}
+	hdr, want := broker.HdrPlatformMsgID, m.inbound.PlatformMsgID
+	if want == "" {
+		hdr, want = jetstream.MsgIDHeader, m.msgID
+	}
+	if raw.Header.Get(hdr) != want {
 		return fallback
 	}
 	if k := raw.Header.Get(broker.HdrSessionKey); k != "" {
@@ -579,8 +631,10 @@ func (s *Server) maxPayload() int64 {
 
 // msgIDLookup is the answer of lookupMsgID.
 type msgIDLookup struct {
-	seq uint64
-	// found: the record names seq; corrupt: the record is not a seq and
+	// ref is the inbox message the record names, entry the record read.
+	ref   kv.MsgRef
+	entry jetstream.KeyValueEntry
+	// found: the record names ref; corrupt: the record is not a seq and
 	// says nothing (the stream's Msg-Id window decides, and the caller
 	// overwrites it).
 	found, corrupt bool
@@ -603,7 +657,7 @@ func (s *Server) lookupMsgID(ctx context.Context, pmid string) msgIDLookup {
 			slog.String("platform_msg_id", pmid), slog.String("value", string(e.Value())))
 		return msgIDLookup{corrupt: true}
 	}
-	return msgIDLookup{seq: r.Seq, found: true}
+	return msgIDLookup{ref: r, entry: e, found: true}
 }
 
 // platformMsgID is "<platform>:<chat_id>:<message_id>". '%' and ':' inside
@@ -623,12 +677,43 @@ func randomID() string {
 	return "rand:" + hex.EncodeToString(b[:])
 }
 
-// inboxOf is the inbox stream that holds lane's messages now. The map is
-// read again when older than a second (one KV get; this is only asked for
-// duplicates), since a migration may have moved the lane's partition.
-func (s *Server) inboxOf(ctx context.Context, lane string) jetstream.Stream {
+// inboxNamed is the inbox stream named name, nil when it is not known
+// (the map is read again first when older than a second: a migration may
+// have added it).
+func (s *Server) inboxNamed(ctx context.Context, name string) *broker.Inbox {
 	if s.res.Inboxes == nil {
-		return s.res.Inbox
+		if name != s.names.InboxStream() {
+			return nil
+		}
+		return &broker.Inbox{Name: name, ID: s.res.InboxID, Stream: s.res.Inbox}
 	}
-	return s.res.Inboxes.Fresh(ctx, time.Second).ForLane(lane).Stream
+	if in := s.res.Inboxes.ByName(name); in != nil {
+		return in
+	}
+	return s.res.Inboxes.Fresh(ctx, time.Second).ByName(name)
+}
+
+// recordInbox is the inbox stream a msgids record's seq counts in: the one
+// of identity id, nil when none has it; for a record that names no stream
+// (written before records did), the one that holds lane's messages now.
+// The map is read again when older than a second (one KV get; this is only
+// asked for duplicates), since a migration may have moved the lane's
+// partition.
+func (s *Server) recordInbox(ctx context.Context, lane, id string) *broker.Inbox {
+	if s.res.Inboxes == nil {
+		if id != "" && id != s.res.InboxID {
+			return nil
+		}
+		return &broker.Inbox{Name: s.names.InboxStream(), ID: s.res.InboxID, Stream: s.res.Inbox}
+	}
+	set := s.res.Inboxes.Fresh(ctx, time.Second)
+	if id == "" {
+		return set.ForLane(lane)
+	}
+	for _, in := range set.All() {
+		if in.ID == id {
+			return in
+		}
+	}
+	return nil
 }

@@ -389,6 +389,80 @@ func TestPostMessageRecordOfItsOwnPublish(t *testing.T) {
 	}
 }
 
+// A record of the same seq in another inbox stream (written before a
+// migration moved the partition, or before the stream was recreated) is not
+// this publish's: the message is a duplicate of it. A record naming this
+// publish's stream is its own.
+func TestPostMessageRecordOfAnotherStream(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if _, err := b.res.MsgIDs.Put(ctx, session.LaneToken("http:c1:other-1"), []byte("1 other-id")); err != nil {
+		t.Fatal(err)
+	}
+	r := b.post(t, `{"chat_id":"c1","message_id":"other-1","text":"hi"}`)
+	wantStatus(t, r, http.StatusAccepted)
+	if r.body["duplicate"] != true || seqOf(t, r) != 1 {
+		t.Fatalf("answer %s, want a duplicate of seq 1 (of the other stream)", r.raw)
+	}
+
+	if _, err := b.res.MsgIDs.Put(ctx, session.LaneToken("http:c1:own-2"), []byte("2 "+b.res.InboxID)); err != nil {
+		t.Fatal(err)
+	}
+	r = b.post(t, `{"chat_id":"c1","message_id":"own-2","text":"hi"}`)
+	wantStatus(t, r, http.StatusAccepted)
+	if r.body["duplicate"] != false || seqOf(t, r) != 2 {
+		t.Fatalf("answer %s, want seq 2, not a duplicate", r.raw)
+	}
+}
+
+// A duplicate is answered with the session key of the message its record
+// names only when that message carries the same platform message id and
+// lies in the stream the record names: after a migration or a recreated
+// stream the seq may hold another chat's message, whose key must not be
+// told. Otherwise the answer has the request's own key.
+func TestPostMessageDuplicateKeyOfAnotherMessage(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	first := b.post(t, `{"chat_id":"c1","message_id":"m1","text":"hi"}`)
+	wantStatus(t, first, http.StatusAccepted)
+	if seqOf(t, first) != 1 || first.body["session_key"] != "agent:main:http:dm:c1" {
+		t.Fatalf("first answer %s", first.raw)
+	}
+	threaded := b.post(t, `{"chat_id":"c1","thread_id":"t9","text":"hi"}`)
+	wantStatus(t, threaded, http.StatusAccepted)
+	threadKey, _ := threaded.body["session_key"].(string)
+	if threadKey == "" || threadKey == first.body["session_key"] {
+		t.Fatalf("threaded answer %s", threaded.raw)
+	}
+
+	// A record of chat c2's message that names seq 1 of this stream, which
+	// holds chat c1's message.
+	if _, err := b.res.MsgIDs.Put(ctx, session.LaneToken("http:c2:m1"), []byte("1 "+b.res.InboxID)); err != nil {
+		t.Fatal(err)
+	}
+	r := b.post(t, `{"chat_id":"c2","message_id":"m1","text":"hi"}`)
+	wantStatus(t, r, http.StatusAccepted)
+	if r.body["duplicate"] != true || seqOf(t, r) != 1 || r.body["session_key"] != "agent:main:http:dm:c2" {
+		t.Fatalf("answer %s, want a duplicate of seq 1 with its own key agent:main:http:dm:c2", r.raw)
+	}
+
+	// A record of chat c1's message that names seq 1 of another stream:
+	// this stream's seq 1, although it carries the same id, is not the
+	// message the record names.
+	if _, err := b.res.MsgIDs.Put(ctx, session.LaneToken("http:c1:m1"), []byte("1 other-id")); err != nil {
+		t.Fatal(err)
+	}
+	r = b.post(t, `{"chat_id":"c1","thread_id":"t9","message_id":"m1","text":"hi"}`)
+	wantStatus(t, r, http.StatusAccepted)
+	if r.body["duplicate"] != true || seqOf(t, r) != 1 || r.body["session_key"] != threadKey {
+		t.Fatalf("answer %s, want a duplicate of seq 1 with its own key %s", r.raw, threadKey)
+	}
+}
+
 // An unreadable msgids record does not block the message: it is published
 // and the record is replaced.
 func TestPostMessageCorruptMsgIDRecord(t *testing.T) {
@@ -405,8 +479,8 @@ func TestPostMessageCorruptMsgIDRecord(t *testing.T) {
 	if r.body["duplicate"] != false || seqOf(t, r) != 1 {
 		t.Fatalf("answer %s", r.raw)
 	}
-	if e, err := b.res.MsgIDs.Get(ctx, k); err != nil || string(e.Value()) != "1" {
-		t.Fatalf("record not replaced: %v %v", e, err)
+	if e, err := b.res.MsgIDs.Get(ctx, k); err != nil || string(e.Value()) != "1 "+b.res.InboxID {
+		t.Fatalf("record not replaced by the seq and stream of the message: %v %v", e, err)
 	}
 	r = b.post(t, `{"chat_id":"c1","message_id":"m9","text":"hi"}`)
 	if r.body["duplicate"] != true || seqOf(t, r) != 1 {

@@ -100,6 +100,17 @@ func (m *MsgIDs) Find(ctx context.Context, id string) (MsgRef, bool, error) {
 	return r, true, nil
 }
 
+// Renew writes the record of id again, with value (the record's own), if it
+// is still at revision rev (the one read): the record's age, which the
+// bucket's TTL counts, starts again. A record rewritten or removed since it
+// was read is left as it is, and that is no error.
+func (m *MsgIDs) Renew(ctx context.Context, id string, value []byte, rev uint64) error {
+	if _, err := m.kv.Update(ctx, m.Key(id), value, rev); err != nil && !isConflict(err) {
+		return fmt.Errorf("renew msgid %s: %w", id, err)
+	}
+	return nil
+}
+
 // Claim claims id for the inbox message ref. It returns the message that
 // owns the id: ref itself, or an earlier one when the id was already
 // incorporated (a duplicate; compare with MsgRef.Same). It is idempotent:

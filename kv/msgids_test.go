@@ -69,6 +69,41 @@ func TestMsgIDs(t *testing.T) {
 	}
 }
 
+// Renew rewrites a record still at the revision read, value unchanged, and
+// leaves one rewritten since (no error).
+func TestMsgIDsRenew(t *testing.T) {
+	t.Parallel()
+	ev := newEnv(t)
+	ctx := testCtx(t)
+	_, res := ev.connect(t)
+	m := kv.NewMsgIDs(res)
+	if _, err := m.Claim(ctx, "http:c1:m1", kv.MsgRef{Seq: 7, Inbox: "in-a"}); err != nil {
+		t.Fatal(err)
+	}
+	e, err := res.MsgIDs.Get(ctx, m.Key("http:c1:m1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Renew(ctx, "http:c1:m1", e.Value(), e.Revision()); err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	renewed, err := res.MsgIDs.Get(ctx, m.Key("http:c1:m1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(renewed.Value()) != "7 in-a" || renewed.Revision() <= e.Revision() {
+		t.Fatalf("renewed record %q at revision %d, want \"7 in-a\" after revision %d", renewed.Value(), renewed.Revision(), e.Revision())
+	}
+	// A renewal from the revision read before: a conflict, no error, and
+	// the record stays.
+	if err := m.Renew(ctx, "http:c1:m1", []byte("stale"), e.Revision()); err != nil {
+		t.Fatalf("Renew of a rewritten record: %v", err)
+	}
+	if got, err := res.MsgIDs.Get(ctx, m.Key("http:c1:m1")); err != nil || string(got.Value()) != "7 in-a" || got.Revision() != renewed.Revision() {
+		t.Fatalf("after a stale Renew: %v, %v", got, err)
+	}
+}
+
 // TestMsgIDsRace: writers on their own connections record one id with
 // different seqs at once; exactly one seq wins and everybody is told it.
 func TestMsgIDsRace(t *testing.T) {
