@@ -124,9 +124,22 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 	}
 	if !mg.m.Migrating() && mg.m.Streams == target {
 		// A migration stopped after its last map write leaves its emptied
-		// streams behind.
-		if err := mg.deleteFrom(ctx, target); err != nil {
+		// streams behind. Their delete is the one step the map's
+		// compare-and-set does not guard: the map is written first
+		// (unchanged), so that a migration that has just added streams past
+		// target and not yet written its map fails that write (ErrMapChanged)
+		// instead of naming streams deleted here.
+		left, err := mg.leftovers(ctx, target)
+		if err != nil {
 			return rep, err
+		}
+		if left {
+			if err := mg.write(ctx, mg.m.Clone()); err != nil {
+				return rep, err
+			}
+			if err := mg.deleteFrom(ctx, target); err != nil {
+				return rep, err
+			}
 		}
 		rep.Took = time.Since(start)
 		return rep, nil
@@ -228,6 +241,22 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 	rep.Took = time.Since(start)
 	log.Info("inbox migration done", slog.Int("streams", target), slog.Int("moved", rep.Moved), slog.Duration("took", rep.Took))
 	return rep, nil
+}
+
+// leftovers reports whether an inbox stream exists from index first on.
+func (mg *migration) leftovers(ctx context.Context, first int) (bool, error) {
+	for i := first; i < broker.MaxInboxStreams; i++ {
+		name := mg.f.Names.InboxStreamAt(i)
+		_, err := mg.f.JS.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("inbox stream %s: %w", name, err)
+		}
+		return true, nil
+	}
+	return false, nil
 }
 
 // deleteFrom deletes the inbox streams from index first on, which the map
@@ -528,15 +557,19 @@ func (mg *migration) purgeMarkers(ctx context.Context, i int) error {
 //     marker: once purged up to it from its old stream (again: the purge
 //     may not have run yet) with nothing left there, its new stream takes
 //     it;
-//   - any other flipped partition (messages left in the old stream past
-//     its bound, or flipped by a version that recorded no bound) goes back
-//     to its old stream when its new stream holds nothing of it: no lane of
-//     it committed anything there.
+//   - a flipped partition with messages left in its old stream past its
+//     bound goes back to its old stream when its new stream holds nothing
+//     of it: no lane of it committed anything there, and the old stream
+//     holds only what the purge left, none of it committed.
 //
 // A flipped partition with messages in both streams (which takes a message
 // stored past its marker, and a migration stopped between an open's
 // subject change and its map write) stays closed: no stream can take it
 // without answering out of order; running the command again finishes it.
+// So does one flipped by a version that recorded no bound: its old stream
+// was never purged, and a lane taken there again would start from its
+// first message (an owner binding to another stream reads it from the
+// start), answering committed messages twice.
 // The streams' subjects are set before the map is written, as in the open.
 func (mg *migration) reopen(ctx context.Context, cause error) error {
 	f := mg.f
@@ -550,7 +583,9 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 	for _, mv := range mg.m.Moving {
 		switch {
 		case !mg.m.Flipped(mv):
-		case mv.Drained != nil && !residue[mv.P]:
+		case mv.Drained == nil:
+			back.Moving = append(back.Moving, mv)
+		case !residue[mv.P]:
 		default:
 			_, found, err := nextOf(ctx, f.JS, f.Names.InboxStreamAt(mv.To), f.Names.InboxPartitionSubject(mv.P), 1)
 			if err != nil || found {
@@ -569,7 +604,7 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 		return fmt.Errorf("%w (the batch could not be reopened: %v; it stays closed until the command is run again)", cause, err)
 	}
 	if len(back.Moving) > 0 {
-		return fmt.Errorf("%w (%d partitions with messages in both their old and new streams stay closed until the command is run again)", cause, len(back.Moving))
+		return fmt.Errorf("%w (%d partitions that no one stream can take yet stay closed until the command is run again)", cause, len(back.Moving))
 	}
 	return cause
 }

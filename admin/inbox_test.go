@@ -908,3 +908,52 @@ func (ps *posters) checkTranscripts(t *testing.T, fl *admin.Fleet) {
 		})
 	}
 }
+
+// A second migration to the current count, run while a first one has added
+// its new stream and not yet written its map, must not leave the first
+// naming a stream it deleted: the second writes the map before deleting,
+// so the first's write fails, and running the first again finishes it.
+func TestMigrateInboxConcurrentNoOpDoesNotDeleteUnderAGrow(t *testing.T) {
+	f := newMigrateFleet(t)
+	first := f.post("first")
+	f.waitCommitted(0, first.Sequence)
+	var o admin.MigrateOptions
+	o.DrainTimeout = 30 * time.Second
+	var second error
+	ran := false
+	admin.SetMigrateStep(&o, func(step string) error {
+		if step == "grown" && !ran {
+			ran = true
+			if _, err := f.fl.JS.Stream(t.Context(), f.names.InboxStreamAt(1)); err != nil {
+				t.Errorf("at the grown step the new stream: %v", err)
+			}
+			_, second = f.fl.MigrateInbox(t.Context(), 1, admin.MigrateOptions{})
+		}
+		return nil
+	})
+	_, err := f.fl.MigrateInbox(t.Context(), 2, o)
+	if !ran || second != nil {
+		t.Fatalf("the second migration ran: %v, its error: %v", ran, second)
+	}
+	if !errors.Is(err, admin.ErrMapChanged) {
+		t.Fatalf("the first migration: %v, want ErrMapChanged", err)
+	}
+	m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Streams != 1 || m.Migrating() {
+		t.Fatalf("after the refused write the map is %s, want 1 stream, nothing moving", m)
+	}
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	after := f.post("after")
+	if after.Stream != f.names.InboxStreamAt(1) {
+		t.Fatalf("the lane's message after the move went to %s", after.Stream)
+	}
+	f.waitCommitted(1, after.Sequence)
+	if users := f.users(); !slices.Equal(users, []string{"first", "after"}) {
+		t.Fatalf("user entries %q, want first, after", users)
+	}
+}

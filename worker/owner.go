@@ -658,6 +658,12 @@ func (o *owner) parkTx() {
 func (o *owner) giveUp() {
 	o.cancel(errHardStop)
 	if !o.taken.Load() {
+		// A renewal in flight (its write does not end with the
+		// cancellation) may still move the lease's expiry: let it end
+		// before counting how long the lease may name this worker.
+		if o.renewDone != nil {
+			<-o.renewDone
+		}
 		o.leftHeld()
 	}
 	o.nakHeld(0)

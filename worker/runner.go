@@ -157,6 +157,7 @@ func (l *lane) run() {
 			l.w.stats.DeadOwnerTakeovers.Add(1)
 			l.log.Info("lane taken over from an owner whose liveness lease is gone", slog.Uint64("epoch", lease.Epoch))
 		}
+		vanished = 0
 		again := l.own(lease)
 		if !again {
 			return
