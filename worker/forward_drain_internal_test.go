@@ -52,43 +52,8 @@ func TestForwardToADrainingWorkerGoesBackAtOnce(t *testing.T) {
 
 	acksOf := watchAcks(t, nc, names)
 
-	keyOf := func(chat string) (key, lane string) {
-		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: chat, ChatType: session.ChatDM, UserID: "u"}
-		key = session.BuildSessionKey(src, session.DefaultKeyOptions())
-		return key, session.LaneToken(key)
-	}
-	post := func(chat, text string) (lane string, seq uint64) {
-		t.Helper()
-		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: chat, ChatType: session.ChatDM, UserID: "u"}
-		key, lane := keyOf(chat)
-		data, _ := json.Marshal(session.Inbound{Source: src, SessionKey: key, Kind: session.KindMessage, Text: text, ReceivedAt: time.Now()})
-		msg := nats.NewMsg(names.InboxSubject(session.Partition(names.Prefix(), lane), lane))
-		msg.Data = data
-		msg.Header.Set(broker.HdrSessionKey, key)
-		msg.Header.Set(broker.HdrKind, session.KindMessage)
-		ack, err := js.PublishMsg(t.Context(), msg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return lane, ack.Sequence
-	}
-	entry := func(lane string) (*session.SessionEntry, error) {
-		e, _, err := store.Get(t.Context(), lane)
-		return e, err
-	}
-	waitCommitted := func(lane string, seq uint64) {
-		t.Helper()
-		natstest.WaitFor(t, 60*time.Second, "lane "+lane+" committed", func() error {
-			e, err := entry(lane)
-			if err != nil {
-				return err
-			}
-			if e.CommittedSeq < seq {
-				return fmt.Errorf("committed %d < %d", e.CommittedSeq, seq)
-			}
-			return nil
-		})
-	}
+	lanes := drainLanes{t: t, js: js, store: store, names: names}
+	keyOf, post, entry, waitCommitted := chatLane, lanes.post, lanes.entry, lanes.waitCommitted
 
 	// The holder's agent: the turns of "stuck" (which keeps the holder
 	// draining to the end) and "held" wait for their gate; the others
@@ -232,6 +197,59 @@ func TestForwardToADrainingWorkerGoesBackAtOnce(t *testing.T) {
 // watchAcks records every acknowledgement of an inbox delivery (acks, NAKs,
 // in-progress signals: publishes to the delivery's reply subject) and
 // returns those of a stream seq so far.
+// chatLane is the session key and lane of an HTTP DM chat with user "u".
+func chatLane(chat string) (key, lane string) {
+	src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: chat, ChatType: session.ChatDM, UserID: "u"}
+	key = session.BuildSessionKey(src, session.DefaultKeyOptions())
+	return key, session.LaneToken(key)
+}
+
+// drainLanes posts to chatLane's lanes and reads their entries, for the
+// draining-forward tests.
+type drainLanes struct {
+	t     *testing.T
+	js    jetstream.JetStream
+	store *kv.Store
+	names broker.Names
+}
+
+// post publishes text to chat's lane and returns the lane and its seq.
+func (d drainLanes) post(chat, text string) (lane string, seq uint64) {
+	d.t.Helper()
+	src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: chat, ChatType: session.ChatDM, UserID: "u"}
+	key, lane := chatLane(chat)
+	data, _ := json.Marshal(session.Inbound{Source: src, SessionKey: key, Kind: session.KindMessage, Text: text, ReceivedAt: time.Now()})
+	msg := nats.NewMsg(d.names.InboxSubject(session.Partition(d.names.Prefix(), lane), lane))
+	msg.Data = data
+	msg.Header.Set(broker.HdrSessionKey, key)
+	msg.Header.Set(broker.HdrKind, session.KindMessage)
+	ack, err := d.js.PublishMsg(d.t.Context(), msg)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return lane, ack.Sequence
+}
+
+func (d drainLanes) entry(lane string) (*session.SessionEntry, error) {
+	e, _, err := d.store.Get(d.t.Context(), lane)
+	return e, err
+}
+
+// waitCommitted waits until lane's entry has committed seq.
+func (d drainLanes) waitCommitted(lane string, seq uint64) {
+	d.t.Helper()
+	natstest.WaitFor(d.t, 60*time.Second, "lane "+lane+" committed", func() error {
+		e, err := d.entry(lane)
+		if err != nil {
+			return err
+		}
+		if e.CommittedSeq < seq {
+			return fmt.Errorf("committed %d < %d", e.CommittedSeq, seq)
+		}
+		return nil
+	})
+}
+
 func watchAcks(t *testing.T, nc *nats.Conn, names broker.Names) func(seq uint64) []string {
 	var mu sync.Mutex
 	acks := map[uint64][]string{}
@@ -417,45 +435,10 @@ func TestForwardToADrainingWorkerThatMayHoldTheLease(t *testing.T) {
 	store := kv.NewStore(res, nil)
 	acksOf := watchAcks(t, nc, names)
 
-	keyOf := func(chat string) (key, lane string) {
-		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: chat, ChatType: session.ChatDM, UserID: "u"}
-		key = session.BuildSessionKey(src, session.DefaultKeyOptions())
-		return key, session.LaneToken(key)
-	}
+	lanes := drainLanes{t: t, js: js, store: store, names: names}
+	keyOf, post, entry, waitCommitted := chatLane, lanes.post, lanes.entry, lanes.waitCommitted
 	subjectOf := func(lane string) string {
 		return names.InboxSubject(session.Partition(names.Prefix(), lane), lane)
-	}
-	post := func(chat, text string) (lane string, seq uint64) {
-		t.Helper()
-		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: chat, ChatType: session.ChatDM, UserID: "u"}
-		key, lane := keyOf(chat)
-		data, _ := json.Marshal(session.Inbound{Source: src, SessionKey: key, Kind: session.KindMessage, Text: text, ReceivedAt: time.Now()})
-		msg := nats.NewMsg(subjectOf(lane))
-		msg.Data = data
-		msg.Header.Set(broker.HdrSessionKey, key)
-		msg.Header.Set(broker.HdrKind, session.KindMessage)
-		ack, err := js.PublishMsg(t.Context(), msg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return lane, ack.Sequence
-	}
-	entry := func(lane string) (*session.SessionEntry, error) {
-		e, _, err := store.Get(t.Context(), lane)
-		return e, err
-	}
-	waitCommitted := func(lane string, seq uint64) {
-		t.Helper()
-		natstest.WaitFor(t, 60*time.Second, "lane "+lane+" committed", func() error {
-			e, err := entry(lane)
-			if err != nil {
-				return err
-			}
-			if e.CommittedSeq < seq {
-				return fmt.Errorf("committed %d < %d", e.CommittedSeq, seq)
-			}
-			return nil
-		})
 	}
 
 	// The turns of "stuck" (which keeps the holder draining to the end)
