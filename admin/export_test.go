@@ -1,5 +1,7 @@
 package admin
 
+import "time"
+
 // MigrateSteps are the steps of a migration, in order, as the step hook
 // (SetMigrateStep) names them.
 var MigrateSteps = []string{
@@ -14,3 +16,11 @@ func SetMigrateStep(o *MigrateOptions, step func(name string) error) { o.step = 
 // SetMigrateBeforeMark sets MigrateOptions' beforeMark test hook: it runs
 // just before a drain marker is published into inbox stream i.
 func SetMigrateBeforeMark(o *MigrateOptions, f func(stream int)) { o.beforeMark = f }
+
+// MigrateRetrying is the message of the warning a migration logs before it
+// retries a step's call that failed on a transient error.
+const MigrateRetrying = retryingMsg
+
+// SetMigrateAttemptTimeout sets how long one attempt of a call the
+// migration retries on transient errors may take (default 10s).
+func SetMigrateAttemptTimeout(o *MigrateOptions, d time.Duration) { o.attempt = d }

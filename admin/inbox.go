@@ -25,6 +25,12 @@ type MigrateOptions struct {
 	// (each partition in the one stream that can take it) and the migration
 	// stops with an error.
 	DrainTimeout time.Duration
+	// RetryWait bounds how long one step of the migration retries a
+	// JetStream call that failed on a transient error (a leader election,
+	// "JetStream system temporarily unavailable", a timeout; default 1m).
+	// Past it the migration stops with the error, as an interruption
+	// would: running the command again finishes it.
+	RetryWait time.Duration
 	// Log receives progress (nil: none).
 	Log *slog.Logger
 
@@ -35,6 +41,9 @@ type MigrateOptions struct {
 	// marker (a publish it accepted before the close) is stored there.
 	step       func(name string) error
 	beforeMark func(stream int)
+	// attempt bounds one attempt of a call retried on transient errors
+	// (default attemptTimeout).
+	attempt time.Duration
 }
 
 // The steps of a migration, as the step test hook names them, in the order
@@ -100,6 +109,12 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 	if o.DrainTimeout <= 0 {
 		o.DrainTimeout = 2 * time.Minute
 	}
+	if o.RetryWait <= 0 {
+		o.RetryWait = defaultRetryWait
+	}
+	if o.attempt <= 0 {
+		o.attempt = attemptTimeout
+	}
 	log := o.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -107,11 +122,14 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 	if target < 1 || target > broker.MaxInboxStreams {
 		return MigrateReport{}, fmt.Errorf("inbox streams %d: want 1 to %d", target, broker.MaxInboxStreams)
 	}
-	bucket, err := f.JS.KeyValue(ctx, f.Names.InboxMapBucket())
+	mg := &migration{f: f, o: o, log: log}
+	bucket, err := retry(ctx, mg, "open the inbox map", func(ctx context.Context) (jetstream.KeyValue, error) {
+		return f.JS.KeyValue(ctx, f.Names.InboxMapBucket())
+	})
 	if err != nil {
 		return MigrateReport{}, fmt.Errorf("inbox map bucket: %w (provision the fleet with this version first)", err)
 	}
-	mg := &migration{f: f, bucket: bucket, o: o, log: log}
+	mg.bucket = bucket
 	if err := mg.load(ctx); err != nil {
 		return MigrateReport{}, err
 	}
@@ -161,17 +179,20 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 	if target > old {
 		next := mg.m.Clone()
 		next.Streams, next.Target, next.From = target, target, rep.From
-		model, err := f.JS.Stream(ctx, f.Names.InboxStreamAt(0))
+		model, err := mg.stream(ctx, f.Names.InboxStreamAt(0))
 		if err != nil {
 			return rep, err
 		}
 		for i := old; i < target; i++ {
-			if err := broker.AddInboxStream(ctx, f.JS, f.Names, next, i, model); err != nil {
+			// Creates the stream and its consumer, or checks them.
+			if err := retryDo(ctx, mg, "add "+f.Names.InboxStreamAt(i), func(ctx context.Context) error {
+				return broker.AddInboxStream(ctx, f.JS, f.Names, next, i, model)
+			}); err != nil {
 				return rep, err
 			}
 		}
 		for i := 0; i < old; i++ {
-			if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, next, i); err != nil {
+			if err := mg.setSubjects(ctx, next, i); err != nil {
 				return rep, err
 			}
 		}
@@ -222,7 +243,7 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 	final.Streams, final.Target, final.From = target, 0, 0
 	if target == 1 && mg.m.Streams > 1 {
 		// Back to the layout of a one-stream fleet.
-		if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, final, 0); err != nil {
+		if err := mg.setSubjects(ctx, final, 0); err != nil {
 			return rep, err
 		}
 		if err := mg.step(stepShrinkSubject); err != nil {
@@ -247,7 +268,7 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 func (mg *migration) leftovers(ctx context.Context, first int) (bool, error) {
 	for i := first; i < broker.MaxInboxStreams; i++ {
 		name := mg.f.Names.InboxStreamAt(i)
-		_, err := mg.f.JS.Stream(ctx, name)
+		_, err := mg.stream(ctx, name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			continue
 		}
@@ -265,7 +286,7 @@ func (mg *migration) deleteFrom(ctx context.Context, first int) error {
 	f := mg.f
 	for i := first; i < broker.MaxInboxStreams; i++ {
 		name := f.Names.InboxStreamAt(i)
-		st, err := f.JS.Stream(ctx, name)
+		_, err := mg.stream(ctx, name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			continue
 		}
@@ -275,10 +296,16 @@ func (mg *migration) deleteFrom(ctx context.Context, first int) error {
 		if err := mg.purgeMarkers(ctx, i); err != nil {
 			return err
 		}
-		if info, err := st.Info(ctx); err == nil && info.State.Msgs > 0 {
-			return fmt.Errorf("inbox stream %s still holds %d messages after its partitions moved: left in place", name, info.State.Msgs)
+		st, err := mg.stream(ctx, name)
+		if err != nil {
+			return fmt.Errorf("inbox stream %s: %w", name, err)
 		}
-		if err := f.JS.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		if n := st.CachedInfo().State.Msgs; n > 0 {
+			return fmt.Errorf("inbox stream %s still holds %d messages after its partitions moved: left in place", name, n)
+		}
+		if err := retryDo(ctx, mg, "delete "+name, func(ctx context.Context) error {
+			return f.JS.DeleteStream(ctx, name)
+		}); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return fmt.Errorf("delete the emptied inbox stream %s: %w", name, err)
 		}
 	}
@@ -305,8 +332,10 @@ type migration struct {
 // load reads the map from its stream's leader: a direct get may be answered
 // by a replica that lags behind the last step written.
 func (mg *migration) load(ctx context.Context) error {
-	bucket := mg.f.Names.InboxMapBucket()
-	lm, err := broker.LeaderGet(ctx, mg.f.JS, "KV_"+bucket, broker.LeaderGetRequest{LastBySubject: "$KV." + bucket + "." + broker.InboxMapKey})
+	lm, err := retry(ctx, mg, "read the inbox map", func(ctx context.Context) (*broker.LeaderMsg, error) {
+		bucket := mg.f.Names.InboxMapBucket()
+		return broker.LeaderGet(ctx, mg.f.JS, "KV_"+bucket, broker.LeaderGetRequest{LastBySubject: "$KV." + bucket + "." + broker.InboxMapKey})
+	})
 	if err != nil {
 		return fmt.Errorf("read inbox map: %w", err)
 	}
@@ -318,17 +347,25 @@ func (mg *migration) load(ctx context.Context) error {
 	return nil
 }
 
+// read reads the map's encoding and revision from its stream's leader,
+// once.
+func (mg *migration) read(ctx context.Context) ([]byte, uint64, error) {
+	bucket := mg.f.Names.InboxMapBucket()
+	lm, err := broker.LeaderGet(ctx, mg.f.JS, "KV_"+bucket, broker.LeaderGetRequest{LastBySubject: "$KV." + bucket + "." + broker.InboxMapKey})
+	if err != nil {
+		return nil, 0, err
+	}
+	return lm.Data, lm.Sequence, nil
+}
+
 // write stores next over the revision last read or written.
 func (mg *migration) write(ctx context.Context, next broker.InboxMap) error {
 	if err := next.Validate(); err != nil {
 		return err
 	}
-	rev, err := mg.bucket.Update(ctx, broker.InboxMapKey, next.Encode(), mg.rev)
+	rev, err := mg.update(ctx, next)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) || strings.Contains(err.Error(), "wrong last sequence") {
-			return fmt.Errorf("%w: %v", ErrMapChanged, err)
-		}
-		return fmt.Errorf("write inbox map: %w", err)
+		return err
 	}
 	mg.m, mg.rev = next, rev
 	return nil
@@ -353,7 +390,6 @@ type moveResult struct {
 // stream (un-flipped, still closed) and the batch drains again, with a new
 // marker, so it is answered there before the move ends.
 func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult, error) {
-	f := mg.f
 	var res moveResult
 	// 1. close.
 	now := time.Now().UTC()
@@ -372,7 +408,7 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 		return res, err
 	}
 	for _, i := range streamsOf(batch, true, true) {
-		if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, mg.m, i); err != nil {
+		if err := mg.setSubjects(ctx, mg.m, i); err != nil {
 			return res, err
 		}
 	}
@@ -428,7 +464,7 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 			}
 		}
 		// 5. purge, up to the bounds.
-		residue, err := mg.purge(ctx)
+		residue, err := retry(ctx, mg, "purge", mg.purge)
 		if err != nil {
 			return res, err
 		}
@@ -458,7 +494,7 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 	next = mg.m.Clone()
 	next.Moving = nil
 	for _, i := range streamsOf(batch, false, true) {
-		if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, next, i); err != nil {
+		if err := mg.setSubjects(ctx, next, i); err != nil {
 			return res, err
 		}
 	}
@@ -525,10 +561,13 @@ func (mg *migration) mark(ctx context.Context, i int) (uint64, error) {
 		mg.o.beforeMark(i)
 	}
 	name := mg.f.Names.InboxStreamAt(i)
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	ack, err := mg.f.JS.Publish(ctx, mg.f.Names.InboxControlSubject(i), []byte("drain marker"), jetstream.WithExpectStream(name),
-		jetstream.WithRetryAttempts(100), jetstream.WithRetryWait(200*time.Millisecond))
+	// A marker whose ack was lost may have been stored: the one retried is
+	// stored above it, after the close as well, and bounds the drain
+	// instead (the purge of the markers takes both).
+	ack, err := retry(ctx, mg, "drain marker into "+name, func(ctx context.Context) (*jetstream.PubAck, error) {
+		return mg.f.JS.Publish(ctx, mg.f.Names.InboxControlSubject(i), []byte("drain marker"), jetstream.WithExpectStream(name),
+			jetstream.WithRetryAttempts(100), jetstream.WithRetryWait(200*time.Millisecond))
+	})
 	if err != nil {
 		return 0, fmt.Errorf("drain marker into %s: %w", name, err)
 	}
@@ -538,14 +577,16 @@ func (mg *migration) mark(ctx context.Context, i int) (uint64, error) {
 // purgeMarkers removes the drain markers from inbox stream i.
 func (mg *migration) purgeMarkers(ctx context.Context, i int) error {
 	name := mg.f.Names.InboxStreamAt(i)
-	st, err := mg.f.JS.Stream(ctx, name)
-	if err != nil {
-		return fmt.Errorf("inbox stream %s: %w", name, err)
-	}
-	if err := st.Purge(ctx, jetstream.WithPurgeSubject(mg.f.Names.InboxControlSubject(i))); err != nil {
-		return fmt.Errorf("purge the drain markers of %s: %w", name, err)
-	}
-	return nil
+	return retryDo(ctx, mg, "purge the drain markers of "+name, func(ctx context.Context) error {
+		st, err := mg.f.JS.Stream(ctx, name)
+		if err != nil {
+			return fmt.Errorf("inbox stream %s: %w", name, err)
+		}
+		if err := st.Purge(ctx, jetstream.WithPurgeSubject(mg.f.Names.InboxControlSubject(i))); err != nil {
+			return fmt.Errorf("purge the drain markers of %s: %w", name, err)
+		}
+		return nil
+	})
 }
 
 // reopen ends a batch whose drain (or marker) could not finish, leaving
@@ -574,7 +615,7 @@ func (mg *migration) purgeMarkers(ctx context.Context, i int) error {
 func (mg *migration) reopen(ctx context.Context, cause error) error {
 	f := mg.f
 	ctx = context.WithoutCancel(ctx)
-	residue, err := mg.purge(ctx)
+	residue, err := retry(ctx, mg, "purge", mg.purge)
 	if err != nil {
 		return fmt.Errorf("%w (the batch could not be reopened: %v; it stays closed until the command is run again)", cause, err)
 	}
@@ -587,7 +628,10 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 			back.Moving = append(back.Moving, mv)
 		case !residue[mv.P]:
 		default:
-			_, found, err := nextOf(ctx, f.JS, f.Names.InboxStreamAt(mv.To), f.Names.InboxPartitionSubject(mv.P), 1)
+			found, err := retry(ctx, mg, "read "+f.Names.InboxStreamAt(mv.To), func(ctx context.Context) (bool, error) {
+				_, found, err := nextOf(ctx, f.JS, f.Names.InboxStreamAt(mv.To), f.Names.InboxPartitionSubject(mv.P), 1)
+				return found, err
+			})
 			if err != nil || found {
 				back.Moving = append(back.Moving, mv)
 				continue
@@ -596,7 +640,7 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 		}
 	}
 	for _, i := range streamsOf(mg.m.Moving, true, true) {
-		if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, back, i); err != nil {
+		if err := mg.setSubjects(ctx, back, i); err != nil {
 			return fmt.Errorf("%w (the batch could not be reopened: %v; it stays closed until the command is run again)", cause, err)
 		}
 	}
@@ -685,12 +729,35 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move, marks map[i
 	f := mg.f
 	done := map[string]uint64{} // subject -> last seq known committed
 	bounds := map[int]uint64{}
+	// A read that fails on a transient error (see retry) leaves its
+	// partition for the next round; each round's reads are bounded by
+	// attemptTimeout, the rounds by the drain timeout.
+	var stalled error
+	cancelRound := func() {}
+	defer func() { cancelRound() }()
 	for {
 		left := 0
 		var firstLeft string
+		wasStalled := stalled
+		stalled = nil
+		cancelRound()
+		rctx, cancel := context.WithTimeout(ctx, mg.o.attempt)
+		cancelRound = cancel
+	moves:
 		for _, mv := range moves {
 			if _, ok := bounds[mv.P]; ok {
 				continue
+			}
+			// stall reports whether err only stalls the partition's drain
+			// for this round.
+			stall := func(err error) bool {
+				if ctx.Err() != nil || !broker.Transient(err) {
+					return false
+				}
+				stalled = err
+				left++
+				firstLeft = fmt.Sprintf("partition %d (%v)", mv.P, err)
+				return true
 			}
 			bound, ok := marks[mv.From]
 			if !ok {
@@ -701,20 +768,29 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move, marks map[i
 				marks[mv.From], bound = seq, seq
 			}
 			name := f.Names.InboxStreamAt(mv.From)
-			st, err := f.JS.Stream(ctx, name)
+			st, err := f.JS.Stream(rctx, name)
 			if err != nil {
+				if stall(err) {
+					continue
+				}
 				return nil, drainErr(ctx, err)
 			}
-			info, err := st.Info(ctx, jetstream.WithSubjectFilter(f.Names.InboxPartitionSubject(mv.P)))
+			info, err := st.Info(rctx, jetstream.WithSubjectFilter(f.Names.InboxPartitionSubject(mv.P)))
 			if err != nil {
+				if stall(err) {
+					continue
+				}
 				return nil, drainErr(ctx, err)
 			}
 			id := info.Config.Metadata[broker.InboxIDMetadata]
 			prefix := fmt.Sprintf("%s.in.%d.", f.Names.Prefix(), mv.P)
 			ok = true
 			for subj := range info.State.Subjects {
-				last, found, err := lastOf(ctx, f.JS, name, subj)
+				last, found, err := lastOf(rctx, f.JS, name, subj)
 				if err != nil {
+					if stall(err) {
+						continue moves
+					}
 					return nil, drainErr(ctx, err)
 				}
 				if !found {
@@ -724,8 +800,11 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move, marks map[i
 					continue
 				}
 				lane := strings.TrimPrefix(subj, prefix)
-				e, _, err := f.Store.Get(ctx, lane)
+				e, _, err := f.Store.Get(rctx, lane)
 				if err != nil && !errors.Is(err, kv.ErrNotFound) {
+					if stall(err) {
+						continue moves
+					}
 					return nil, drainErr(ctx, err)
 				}
 				if e != nil && e.InboxID == id && e.CommittedSeq >= last {
@@ -740,7 +819,10 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move, marks map[i
 				continue
 			}
 			// Stored past the marker: not covered by it; a new marker.
-			if seq, found, err := nextOf(ctx, f.JS, name, f.Names.InboxPartitionSubject(mv.P), bound+1); err != nil {
+			if seq, found, err := nextOf(rctx, f.JS, name, f.Names.InboxPartitionSubject(mv.P), bound+1); err != nil {
+				if stall(err) {
+					continue
+				}
 				return nil, drainErr(ctx, err)
 			} else if found {
 				left++
@@ -753,8 +835,15 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move, marks map[i
 		if left == 0 {
 			return bounds, nil
 		}
+		if stalled != nil && wasStalled == nil {
+			mg.log.Warn(retryingMsg, slog.String("step", "drain"), slog.Any("error", stalled))
+		}
 		select {
 		case <-ctx.Done():
+			if stalled != nil {
+				return nil, fmt.Errorf("drain: not done after %s, the last reads of the old streams failed (%v): the batch was reopened; retry later: %w",
+					mg.o.DrainTimeout, stalled, ctx.Err())
+			}
 			return nil, fmt.Errorf("drain: %d lanes still have uncommitted messages in their old stream (e.g. %s) after %s: the batch was reopened; retry later or with a longer --drain-timeout: %w",
 				left, firstLeft, mg.o.DrainTimeout, ctx.Err())
 		case <-time.After(200 * time.Millisecond):

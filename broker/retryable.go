@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -56,12 +58,49 @@ func Retryable(err error) bool {
 		// Timeouts, no responders, a connection closed or reconnecting.
 		return true
 	}
+	return retryableAPI(api)
+}
+
+// retryableAPI reports whether JetStream's refusal api may be gone when
+// asked again: no meta or stream leader yet (an election), an asset
+// offline, peers still joining, a timeout, a 503.
+func retryableAPI(api *jetstream.APIError) bool {
 	switch api.ErrorCode {
 	case jsErrClusterNoPeers, jsErrClusterNotLeader, jsErrStreamOffline, jsErrConsumerOffline,
 		jsErrStreamOfflineReason, jsErrConsumerOfflineReason, jsErrClusterMemberChangeBusy:
 		return true
 	}
 	return api.Code == 503 || api.Code == 429 || api.Code == 408
+}
+
+// Transient reports whether a failed JetStream call on a running fleet may
+// succeed if made again shortly: the cluster is electing a meta or stream
+// leader ("JetStream system temporarily unavailable", not leader, offline),
+// the call timed out, no server answered, or the connection is
+// reconnecting. Unlike Retryable, an error it does not know is not
+// transient: a caller retrying a step of its own must not retry its own
+// refusals.
+func Transient(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pe *permanentError
+	if errors.As(err, &pe) {
+		return false
+	}
+	var api *jetstream.APIError
+	if errors.As(err, &api) {
+		return retryableAPI(api)
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded),
+		errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrNoResponders),
+		errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, jetstream.ErrServerShutdown),
+		errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrDisconnected),
+		errors.Is(err, nats.ErrNoServers):
+		return true
+	}
+	return false
 }
 
 // explainProvision makes a provisioning error self-explanatory where the

@@ -3,6 +3,7 @@ package broker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/broker"
@@ -207,6 +209,36 @@ func TestRetryable(t *testing.T) {
 	}
 	if broker.Retryable(nil) {
 		t.Error("Retryable(nil)")
+	}
+}
+
+func TestTransient(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"timeout", fmt.Errorf("write: %w", context.DeadlineExceeded), true},
+		{"nats timeout", nats.ErrTimeout, true},
+		{"no responders", nats.ErrNoResponders, true},
+		{"no stream response", jetstream.ErrNoStreamResponse, true},
+		{"reconnecting", nats.ErrConnectionReconnecting, true},
+		{"temporarily unavailable", fmt.Errorf("set the subjects of FLEET_IN: %w", &jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}), true},
+		{"not leader", &jetstream.APIError{Code: 500, ErrorCode: 10009, Description: "JetStream cluster not leader"}, true},
+		{"stream offline", &jetstream.APIError{Code: 500, ErrorCode: 10118, Description: "stream is offline"}, true},
+		{"canceled", context.Canceled, false},
+		{"stream not found", jetstream.ErrStreamNotFound, false},
+		{"revision mismatch", fmt.Errorf("%w: %w", jetstream.ErrKeyRevisionMismatch, &jetstream.APIError{Code: 400, ErrorCode: 10071, Description: "wrong last sequence: 7"}), false},
+		{"subjects overlap", &jetstream.APIError{Code: 400, ErrorCode: 10065, Description: "subjects overlap with an existing stream"}, false},
+		{"unknown", errors.New("inbox stream FLEET_IN_1 still holds 3 messages"), false},
+	} {
+		if got := broker.Transient(tc.err); got != tc.want {
+			t.Errorf("%s: Transient = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if broker.Transient(nil) {
+		t.Error("Transient(nil)")
 	}
 }
 
