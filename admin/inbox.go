@@ -464,7 +464,7 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 				return res, fmt.Errorf("partition %d in %s: %w (the batch stays closed until the command is run again)", p, f.Names.InboxStreamAt(mv.To), err)
 			}
 			if found {
-				return res, mg.reopen(ctx, errors.New("inbox partitions have messages in their old stream past the drain's bound and in their new stream"))
+				return res, mg.reopen(ctx, ErrInBothStreams)
 			}
 		}
 		back := mg.m.Clone()
@@ -721,7 +721,10 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 		}
 		err := fmt.Errorf("%w: %s. %s", ErrInBothStreams, strings.Join(both, "; "), inBothRecovery)
 		if n := len(back.Moving) - len(both); n > 0 {
-			return fmt.Errorf("%w (%w; %d other partitions stay closed until the command is run again)", cause, err, n)
+			err = fmt.Errorf("%w (%d other partitions stay closed until the command is run again)", err, n)
+		}
+		if errors.Is(cause, ErrInBothStreams) {
+			return err
 		}
 		return fmt.Errorf("%w (%w)", cause, err)
 	}
@@ -764,7 +767,7 @@ func (mg *migration) inBoth(ctx context.Context, mv broker.Move) (string, bool, 
 		return "", false, err
 	}
 	lane := strings.TrimPrefix(left.Subject, fmt.Sprintf("%s.in.%d.", f.Names.Prefix(), mv.P))
-	desc := fmt.Sprintf("partition %d: message %d of lane %s in its old stream %s, never answered, and messages in its new stream %s from seq %d on",
+	desc := fmt.Sprintf("partition %d: message %d of lane %s left in its old stream %s, and messages in its new stream %s from seq %d on",
 		mv.P, left.Sequence, lane, oldName, newName, first)
 	laneFirst, found, err := nextOf(ctx, f.JS, newName, left.Subject, 1)
 	if err != nil {
