@@ -86,7 +86,9 @@ var ErrMapChanged = errors.New("the inbox map changed under the migration (anoth
 //     bound; owners bound to the old one release the lane when idle;
 //  5. purge the partition from the old stream up to the bound, so a stream
 //     only ever holds messages of the partitions assigned to it;
-//  6. open: the new stream takes the subject, then the map drops the move.
+//  6. open: the new stream takes the subject, then the map drops the move;
+//     a last look at the old stream moves the partition again if a message
+//     of it was stored there after all (see strays).
 //
 // Every step is written to the map first (by compare-and-set), so a
 // migration stopped anywhere is finished by running it again with the same
@@ -363,7 +365,9 @@ type moveResult struct {
 // A message of the partition found in the old stream past the purge bound
 // (which the marker rules out, see mark) puts its partition back in its old
 // stream (un-flipped, still closed) and the batch drains again, with a new
-// marker, so it is answered there before the move ends.
+// marker, so it is answered there before the move ends; unless the new
+// stream already holds messages of the partition: then the batch ends as
+// in reopen, and that partition stays closed (ErrInBothStreams).
 func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult, error) {
 	f := mg.f
 	var res moveResult
@@ -623,7 +627,11 @@ func streamsOf(moves []broker.Move, from, to bool) []int {
 // before the update and whose goroutine reaches the queue only after the
 // update's answer and the marker's publish went over the network: the
 // purge's check for messages past the bound (purge) catches it before the
-// open, and the batch drains again.
+// open, and the batch drains again. The argument holds for the leader that
+// answered the close: a replica that becomes the stream's leader before it
+// applied the close still takes the subject for that moment, and what it
+// stores of the partition lands past the marker, maybe after the purge's
+// check; the looks after the open (strays) are for that.
 func (mg *migration) mark(ctx context.Context, i int) (uint64, error) {
 	if mg.o.beforeMark != nil {
 		mg.o.beforeMark(i)
@@ -734,15 +742,15 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 	return cause
 }
 
-// ErrInBothStreams is returned when a moving partition has a message in its
-// old stream that was never answered (stored past its drain's bound, or
-// after the open) and messages in its new stream: it stays closed.
+// ErrInBothStreams is returned when a moving partition has a message left
+// in its old stream (stored past its drain's bound, or after the open) and
+// messages in its new stream: it stays closed.
 var ErrInBothStreams = errors.New("inbox partitions with messages in both their old and their new stream stay closed: no stream can take one without answering a message out of order or twice, and running the command again does not change that")
 
 // inBothRecovery tells the operator what can be done about ErrInBothStreams.
 const inBothRecovery = "Nothing was deleted. Inspect each such message (nats stream get <stream> <seq>); " +
 	"to open its partition in its new stream without it, save it, remove it (nats stream rmm <stream> <seq>) and run the command again " +
-	"(the message is then answered only if posted again, after the lane's newer messages)"
+	"(the message is then answered only if posted again, after the lane's newer messages if it has any)"
 
 // inBoth reports whether mv's partition has messages in its new stream
 // while its old stream still holds one (which purge found past the bound),
