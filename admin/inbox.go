@@ -753,8 +753,8 @@ const inBothRecovery = "Nothing was deleted. Inspect each such message (nats str
 	"(the message is then answered only if posted again, after the lane's newer messages if it has any)"
 
 // inBoth reports whether mv's partition has messages in its new stream
-// while its old stream still holds one (which purge found past the bound),
-// and if so describes them: the partition, the first message left in the
+// while its old stream still holds one (which purge found past the bound;
+// an error if it is gone since), and if so describes them: the partition, the first message left in the
 // old stream, its lane, and whether that lane has messages in the new
 // stream, committed or not (committed ones came after the message left
 // behind, which can then no longer be answered in order).
@@ -768,8 +768,9 @@ func (mg *migration) inBoth(ctx context.Context, mv broker.Move) (string, bool, 
 	}
 	left, err := broker.LeaderGet(ctx, f.JS, oldName, broker.LeaderGetRequest{Seq: 1, NextBySubject: subj})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return fmt.Sprintf("partition %d: messages in its new stream %s from seq %d on, and none left in its old stream %s now (running the command again opens it in %s)",
-			mv.P, newName, first, oldName, newName), true, nil
+		// Removed since the purge looked: the re-run's purge opens it in
+		// its new stream.
+		return "", false, fmt.Errorf("partition %d: nothing left in its old stream %s now", mv.P, oldName)
 	}
 	if err != nil {
 		return "", false, err
