@@ -1085,70 +1085,100 @@ func TestMigrateInboxStrayAfterTheOpen(t *testing.T) {
 }
 
 // TestMigrateInboxStrayAfterTheOpenBehindNewerMessages: a message of a
-// moved partition stored in its old stream after the open, once its lane
-// has posted and committed a newer message in the new stream, can no longer
-// be answered in order: the migration closes the partition, fails with
-// ErrInBothStreams naming the partition, the old stream, the message's seq
-// and its lane, and deletes nothing; running it again fails the same way.
-// Once an operator removed the message (nats stream rmm), the command
-// opens the partition in its new stream.
+// moved partition stored in its old stream after the open, once a lane of
+// the partition has posted and committed a newer message in the new stream
+// (its own lane: it can no longer be answered in order; another lane: the
+// partition cannot go back to its old stream without that lane's message
+// being answered again), is not answered by the migration: the migration
+// closes the partition, fails with ErrInBothStreams naming the partition,
+// the old stream, the message's seq and its lane, and deletes nothing;
+// running it again fails the same way. Once an operator removed the message
+// (nats stream rmm), the command opens the partition in its new stream.
 func TestMigrateInboxStrayAfterTheOpenBehindNewerMessages(t *testing.T) {
-	f := newMigrateFleet(t)
-	first := f.post("first")
-	f.waitCommitted(0, first.Sequence)
+	for _, other := range []bool{false, true} {
+		t.Run(fmt.Sprintf("other=%v", other), func(t *testing.T) {
+			f := newMigrateFleet(t)
+			first := f.post("first")
+			f.waitCommitted(0, first.Sequence)
+			g, why, want := f, "can no longer be answered in order", []string{"first", "newer", "after"}
+			if other {
+				g, why, want = f.otherLane(), fmt.Sprintf("(none of lane %s)", f.lane), []string{"first", "after"}
+			}
 
-	var o admin.MigrateOptions
-	o.Batch, o.DrainTimeout = 64, 30*time.Second
-	var late, newer *jetstream.PubAck
-	admin.SetMigrateStep(&o, func(step string) error {
-		if late != nil || step != "opened" {
-			return nil
-		}
-		newer = f.post("newer")
-		if newer.Stream != f.names.InboxStreamAt(1) {
-			t.Errorf("the lane's message after the open went to %s", newer.Stream)
-		}
-		f.waitCommitted(1, newer.Sequence)
-		late = f.storeLate("late")
-		return nil
-	})
-	_, err := f.fl.MigrateInbox(t.Context(), 2, o)
-	if late == nil {
-		t.Fatalf("no late message was stored: %v", err)
-	}
-	checkInBoth(t, f, err, late.Sequence, "can no longer be answered in order")
-	if _, err := f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second}); err != nil {
-		checkInBoth(t, f, err, late.Sequence, "can no longer be answered in order")
-	} else {
-		t.Fatal("running the command again opened the partition with a message left in its old stream")
-	}
-	if !f.holds(1, newer.Sequence) {
-		t.Fatal("the newer message is gone from stream 1")
-	}
-	if users := f.users(); !slices.Equal(users, []string{"first", "newer"}) {
-		t.Fatalf("user entries %q, want first, newer", users)
-	}
+			var o admin.MigrateOptions
+			o.Batch, o.DrainTimeout = 64, 30*time.Second
+			var late, newer *jetstream.PubAck
+			admin.SetMigrateStep(&o, func(step string) error {
+				if late != nil || step != "opened" {
+					return nil
+				}
+				newer = g.post("newer")
+				if newer.Stream != f.names.InboxStreamAt(1) {
+					t.Errorf("the lane's message after the open went to %s", newer.Stream)
+				}
+				g.waitCommitted(1, newer.Sequence)
+				late = f.storeLate("late")
+				return nil
+			})
+			_, err := f.fl.MigrateInbox(t.Context(), 2, o)
+			if late == nil {
+				t.Fatalf("no late message was stored: %v", err)
+			}
+			checkInBoth(t, f, err, late.Sequence, why)
+			if _, err := f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second}); err != nil {
+				checkInBoth(t, f, err, late.Sequence, why)
+			} else {
+				t.Fatal("running the command again opened the partition with a message left in its old stream")
+			}
+			if !f.holds(1, newer.Sequence) {
+				t.Fatal("the newer message is gone from stream 1")
+			}
+			if users, want := f.users(), want[:len(want)-1]; !slices.Equal(users, want) {
+				t.Fatalf("user entries %q, want %q", users, want)
+			}
+			if users := g.users(); other && !slices.Equal(users, []string{"newer"}) {
+				t.Fatalf("the other lane's user entries %q, want newer", users)
+			}
 
-	f.removeMsg(0, late.Sequence)
-	if _, err := f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second}); err != nil {
-		t.Fatal(err)
+			f.removeMsg(0, late.Sequence)
+			if _, err := f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second}); err != nil {
+				t.Fatal(err)
+			}
+			m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Streams != 2 || m.Migrating() {
+				t.Fatalf("after the migration the map is %s", m)
+			}
+			f.checkSubjects(m)
+			checkInboxHolds(t, f.js, f.names, m)
+			after := f.post("after")
+			if after.Stream != f.names.InboxStreamAt(1) {
+				t.Fatalf("the lane's message after the move went to %s", after.Stream)
+			}
+			f.waitCommitted(1, after.Sequence)
+			if users := f.users(); !slices.Equal(users, want) {
+				t.Fatalf("user entries %q, want %q", users, want)
+			}
+			if users := g.users(); other && !slices.Equal(users, []string{"newer"}) {
+				t.Fatalf("the other lane's user entries %q, want newer", users)
+			}
+		})
 	}
-	m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m.Streams != 2 || m.Migrating() {
-		t.Fatalf("after the migration the map is %s", m)
-	}
-	f.checkSubjects(m)
-	checkInboxHolds(t, f.js, f.names, m)
-	after := f.post("after")
-	if after.Stream != f.names.InboxStreamAt(1) {
-		t.Fatalf("the lane's message after the move went to %s", after.Stream)
-	}
-	f.waitCommitted(1, after.Sequence)
-	if users := f.users(); !slices.Equal(users, []string{"first", "newer", "after"}) {
-		t.Fatalf("user entries %q, want first, newer, after", users)
+}
+
+// otherLane is a copy of f for another lane of the same partition.
+func (f *migrateFleet) otherLane() *migrateFleet {
+	g := *f
+	for i := 0; ; i++ {
+		g.chat = fmt.Sprintf("other-%d", i)
+		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: g.chat, ChatType: session.ChatDM, UserID: "u"}
+		g.key = session.BuildSessionKey(src, session.DefaultKeyOptions())
+		g.lane = session.LaneToken(g.key)
+		if session.Partition(f.names.Prefix(), g.lane) == f.p {
+			return &g
+		}
 	}
 }
 
