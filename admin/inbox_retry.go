@@ -139,3 +139,16 @@ func isRevisionMismatch(err error) bool {
 	return errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) ||
 		strings.Contains(err.Error(), "wrong last sequence")
 }
+
+// nextOfRetried is nextOf, retried.
+func nextOfRetried(ctx context.Context, mg *migration, stream, subj string, seq uint64) (uint64, bool, error) {
+	type next struct {
+		seq   uint64
+		found bool
+	}
+	n, err := retry(ctx, mg, "read "+stream, func(ctx context.Context) (next, error) {
+		seq, found, err := nextOf(ctx, mg.f.JS, stream, subj, seq)
+		return next{seq, found}, err
+	})
+	return n.seq, n.found, err
+}
