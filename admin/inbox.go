@@ -886,7 +886,7 @@ func (mg *migration) inBoth(ctx context.Context, mv broker.Move) (string, bool, 
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		// Removed since the purge looked: the re-run's purge opens it in
 		// its new stream.
-		return "", false, fmt.Errorf("partition %d: nothing left in its old stream %s now", mv.P, oldName)
+		return "", false, fmt.Errorf("nothing left in its old stream %s now", oldName)
 	}
 	if err != nil {
 		return "", false, err
@@ -897,8 +897,14 @@ func (mg *migration) inBoth(ctx context.Context, mv broker.Move) (string, bool, 
 		return "", false, err
 	} else if info, err := old.Info(ctx, jetstream.WithSubjectFilter(subj)); err != nil {
 		return "", false, err
-	} else if n := info.State.Msgs; n > 1 {
-		more = fmt.Sprintf(" (and %d more of the partition)", n-1)
+	} else {
+		var n uint64 // State.Msgs counts the whole stream
+		for _, c := range info.State.Subjects {
+			n += c
+		}
+		if n > 1 {
+			more = fmt.Sprintf(" (and %d more of the partition)", n-1)
+		}
 	}
 	desc := fmt.Sprintf("partition %d: message %d of lane %s left in its old stream %s%s, and messages in its new stream %s from seq %d on",
 		mv.P, left.Sequence, lane, oldName, more, newName, first)

@@ -1313,6 +1313,11 @@ func TestMigrateInboxStrayFromAnEarlierMigration(t *testing.T) {
 				}
 				f.waitCommitted(1, n.Sequence)
 				want = []string{"first", "newer", "after"}
+				// A message of another partition in stream 0, not counted
+				// with the partition's.
+				h := *f
+				h.useLaneIn(0)
+				h.post("other")
 			}
 			_, err := f.fl.MigrateInbox(t.Context(), 1, o)
 			if newer {
