@@ -780,8 +780,11 @@ func (mg *migration) purgeMarkers(ctx context.Context, i int) error {
 // after the open, see strays) stays closed: no stream can take it without
 // answering a message out of order or twice, and running the command again
 // does not change that; the error (ErrInBothStreams) names the messages and
-// what an operator can do. A flipped partition whose new stream could not
-// be read stays closed too, until the command is run again; so does one
+// what an operator can do. Only then is the error ErrInBothStreams: when
+// reopen finds no such partition (the message was answered or removed
+// since), it returns cause. A flipped partition whose new stream or old
+// message could not be read stays closed too, until the command is run
+// again (the error says why); so does one
 // flipped by a version that recorded no bound: its old stream was never
 // purged, and a lane taken there again would start from its first message
 // (an owner binding to another stream reads it from the start), answering
@@ -821,7 +824,7 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 	}
 	why := ""
 	if len(unread) > 0 {
-		why = " (" + strings.Join(unread, "; ") + ")"
+		why = "; " + strings.Join(unread, "; ")
 	}
 	for _, i := range streamsOf(mg.m.Moving, true, true) {
 		if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, back, i); err != nil {
@@ -858,8 +861,9 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 var errPastBoundAndNew = errors.New("a moving partition had messages past its drain's bound in its old stream and messages in its new stream")
 
 // ErrInBothStreams is returned when a moving partition has a message left
-// in its old stream (stored past its drain's bound, or after the open) and
-// messages in its new stream: it stays closed.
+// in its old stream (stored past its drain's bound, or after the open, or
+// after an earlier migration's last look), not committed, and messages in
+// its new stream: it stays closed.
 var ErrInBothStreams = errors.New("inbox partitions with messages in both their old and their new stream stay closed: no stream can take one without answering a message out of order or twice, and running the command again does not change that")
 
 // inBothRecovery tells the operator what can be done about ErrInBothStreams.
