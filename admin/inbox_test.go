@@ -1546,3 +1546,62 @@ func TestMigrateInboxResidueGoneIsNotInBothStreams(t *testing.T) {
 		t.Fatalf("user entries %q, want first, newer, after", users)
 	}
 }
+
+// TestMigrateInboxStraysMoveInBatches: the look over every stream moves the
+// partitions it finds in a stream they moved out of again o.Batch at a
+// time, each move counted in the report, and their messages are answered
+// in order.
+func TestMigrateInboxStraysMoveInBatches(t *testing.T) {
+	f := newMigrateFleet(t)
+	f.useLaneIn(1)
+	g := *f
+	g.useLaneIn(3) // in the same first batch of 8 as partition 1
+	for _, l := range []*migrateFleet{f, &g} {
+		first := l.post("first")
+		l.waitCommitted(0, first.Sequence)
+	}
+	errKilled := errors.New("killed after the open")
+	var o admin.MigrateOptions
+	o.Batch, o.DrainTimeout = 8, 30*time.Second
+	admin.SetMigrateStep(&o, func(step string) error {
+		if step != "opened" {
+			return nil
+		}
+		f.storeLate("late")
+		g.storeLate("late")
+		return errKilled
+	})
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, o); !errors.Is(err, errKilled) {
+		t.Fatalf("the stopped migration: %v", err)
+	}
+
+	o = admin.MigrateOptions{Batch: 1, DrainTimeout: 30 * time.Second}
+	most := 0
+	admin.SetMigrateStep(&o, func(step string) error {
+		if step == "closed" {
+			m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+			if err != nil {
+				return err
+			}
+			most = max(most, len(m.Moving))
+		}
+		return nil
+	})
+	rep, err := f.fl.MigrateInbox(t.Context(), 2, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if most != 1 {
+		t.Fatalf("a close took %d partitions, want at most 1 (the batch)", most)
+	}
+	if rep.Moved != 24+2 {
+		t.Fatalf("the report counts %d moves, want 26 (24 partitions left to move, 2 moved again)", rep.Moved)
+	}
+	for _, l := range []*migrateFleet{f, &g} {
+		after := l.post("after")
+		l.waitCommitted(1, after.Sequence)
+		if users := l.users(); !slices.Equal(users, []string{"first", "late", "after"}) {
+			t.Fatalf("lane %s: user entries %q, want first, late, after", l.lane, users)
+		}
+	}
+}
