@@ -142,13 +142,20 @@ func isRevisionMismatch(err error) bool {
 
 // nextOfRetried is nextOf, retried.
 func nextOfRetried(ctx context.Context, mg *migration, stream, subj string, seq uint64) (uint64, bool, error) {
-	type next struct {
-		seq   uint64
-		found bool
-	}
-	n, err := retry(ctx, mg, "read "+stream, func(ctx context.Context) (next, error) {
-		seq, found, err := nextOf(ctx, mg.f.JS, stream, subj, seq)
-		return next{seq, found}, err
+	return seqRetried(ctx, mg, "read "+stream, func(ctx context.Context) (uint64, bool, error) {
+		return nextOf(ctx, mg.f.JS, stream, subj, seq)
 	})
-	return n.seq, n.found, err
+}
+
+// seqRetried is retry for a call that finds a message's seq, or none.
+func seqRetried(ctx context.Context, mg *migration, what string, call func(context.Context) (uint64, bool, error)) (uint64, bool, error) {
+	type found struct {
+		seq uint64
+		ok  bool
+	}
+	f, err := retry(ctx, mg, what, func(ctx context.Context) (found, error) {
+		seq, ok, err := call(ctx)
+		return found{seq, ok}, err
+	})
+	return f.seq, f.ok, err
 }

@@ -124,10 +124,6 @@ type owner struct {
 	pauseTag string
 	// lastWriteErr is the last failed durable write (see settle).
 	lastWriteErr error
-	// leaseKept is set by a release whose delete of the lease failed: the
-	// key still names this worker, so what the lane hands back from then
-	// on goes with a delay (runner only).
-	leaseKept bool
 
 	// tx and agents are the sessions this ownership loaded (transcript
 	// tail and warm agent), returned to the worker's cache when it ends
@@ -166,7 +162,6 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 	o.lost.Store(false)
 	o.taken.Store(false)
 	o.triedAt.Store(0)
-	o.leaseKept = false
 	o.live.Store(lease.Live)
 	o.renewedAt.Store(int64(lease.Renewed.Sub(monoBase)))
 	o.ctx, o.cancel = context.WithCancelCause(w.hardCtx)
@@ -174,6 +169,7 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 	// deliveries of the lane must not be forwarded away (see forward.go).
 	w.heldElsewhere.Delete(o.lane)
 	w.mayHold.Delete(o.lane)
+	w.kept.Delete(o.lane)
 	w.stats.Takeovers.Add(1)
 	w.cfg.Metrics.LeaseAcquired(context.Background())
 
@@ -682,7 +678,9 @@ func (o *owner) leaseTaken() {
 // record, if any, is kept for the next owner), lease deleted, held
 // deliveries above the committed seq handed back at once. If the delete
 // failed they go back after fwdBackDelay: the lease still names this
-// worker, so a redelivery now would only be forwarded back here.
+// worker, so a redelivery now would only be forwarded back here. The lease
+// is then remembered as kept, for the lane's next runner here to take back
+// (reclaimKept).
 func (o *owner) release() {
 	w := o.w
 	if err := o.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
@@ -697,8 +695,9 @@ func (o *owner) release() {
 	<-o.renewDone
 	if err := w.releaseLease(context.WithoutCancel(w.hardCtx), o.lease); err != nil {
 		o.log.Warn("release lease", slog.Any("error", err))
-		o.leftHeld()
-		o.leaseKept = true
+		until := o.leftHeld()
+		kept := *o.lease
+		w.kept.Store(o.lane, &keptLease{lease: &kept, until: until})
 	}
 	handOver := o.entry != nil && o.entry.Turn != nil
 	if !handOver && o.entry != nil && w.draining() {
@@ -728,10 +727,12 @@ func (o *owner) release() {
 }
 
 // handBackDelay is the delay of a delivery the lane hands back once it
-// released: none, or fwdBackDelay when the release could not delete the
-// lease (leaseKept).
+// released: none, or fwdBackDelay while a lease of the lane that a release
+// could not delete may still name this worker (Worker.kept: set by that
+// release, dropped by a take-back or once the lease could have run out), so
+// a redelivery now would only be forwarded back here.
 func (o *owner) handBackDelay() time.Duration {
-	if o.leaseKept {
+	if _, ok := o.w.kept.Load(o.lane); ok {
 		return fwdBackDelay
 	}
 	return 0
@@ -743,13 +744,59 @@ func (o *owner) handBackDelay() time.Duration {
 // a later one that failed or was cut off: its write may have landed all
 // the same), plus leaseExpirySlack (a draining worker hands the lane's
 // forwarded deliveries back with a delay until then, see drainingForward).
-func (o *owner) leftHeld() {
+//
+// It returns that time (zero without a lease).
+func (o *owner) leftHeld() time.Time {
 	if o.lease == nil {
-		return
+		return time.Time{}
 	}
 	last := max(o.renewedAt.Load(), o.triedAt.Load())
 	until := monoBase.Add(time.Duration(last) + o.w.cfg.LeaseTTL + leaseExpirySlack)
 	o.w.mayHold.Store(o.lane, until)
+	return until
+}
+
+// keptLease is a lane lease a release could not delete (see Worker.kept):
+// the lease as the ownership last knew it, and until when it may be there.
+type keptLease struct {
+	lease *kv.Lease
+	until time.Time
+}
+
+// reclaimKept takes back a lease of this lane that a release of this worker
+// could not delete, when an acquisition found the lane held by it (held):
+// the lease no runner renews any more would otherwise keep the lane's next
+// message waiting until it ran out, up to a lease TTL, for nothing. It
+// deletes the lease by its revision, as the release would have (a lease
+// taken by anyone else meanwhile, a new lease of this worker included, is
+// left alone), and reports whether the lane should be acquired again at
+// once. The acquisition then takes a new lease, of a new epoch, and fences
+// as every new ownership does: the lease stays the only judge, and nothing
+// the ended ownership might still attempt can land.
+func (o *owner) reclaimKept(held *kv.HeldError) bool {
+	w := o.w
+	if held.Owner != w.owner {
+		return false
+	}
+	v, ok := w.kept.Load(o.lane)
+	if !ok {
+		return false
+	}
+	k := v.(*keptLease)
+	if k.lease.Epoch != held.Epoch {
+		return false
+	}
+	lease := *k.lease
+	if err := w.releaseLease(context.WithoutCancel(w.hardCtx), &lease); err != nil {
+		o.log.Warn("release kept lease", slog.Any("error", err))
+		return false
+	}
+	// mayHold stays until begin clears it or it runs out: the delete may
+	// have been judged done from a read that lagged (Release resolves a
+	// conflict by a read), and the lease still be there.
+	w.kept.CompareAndDelete(o.lane, v)
+	o.log.Debug("kept lease deleted; taking the lane again", slog.Uint64("epoch", lease.Epoch))
+	return true
 }
 
 // leaseExpirySlack is how much later than a TTL after a renewal was sent
