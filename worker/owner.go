@@ -64,9 +64,12 @@ type owner struct {
 	tt       atomic.Pointer[turnTrace]
 
 	// Held deliveries: guarded by mu.
-	mu     sync.Mutex
-	held   map[uint64]jetstream.Msg
-	closed bool
+	mu   sync.Mutex
+	held map[uint64]jetstream.Msg
+	// heldFrom is the incarnation of the inbox stream the held deliveries
+	// are of (see heldOf).
+	heldFrom *broker.Inbox
+	closed   bool
 	signal chan struct{}
 
 	// known is the highest inbox seq of the lane heard of without reading
@@ -766,8 +769,9 @@ func (o *owner) releaseAndRecheck() bool {
 	if o.moved() {
 		// The lane's partition moved to another stream: take it again
 		// there at once (begin binds the new stream), so what the new
-		// stream holds does not wait for a redelivery.
-		return !o.w.draining()
+		// stream holds does not wait for a redelivery. A stream being
+		// recreated is taken again by a delivery of its new incarnation.
+		return !o.w.draining() && !o.w.inboxes.ForLane(o.lane).Stale()
 	}
 	if o.entry == nil {
 		return false

@@ -268,6 +268,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			running = false
 		case <-w.inboxes.Changed():
+			// A migration changed the map, or an inbox stream was found
+			// recreated (InboxSet.Reopen): the pulls follow.
 			if err := pulls.reconcile(); err != nil {
 				// The map named a stream whose consumer is not there yet:
 				// the next change, or the retry below, picks it up.
@@ -333,10 +335,10 @@ func (w *Worker) laneOf(subject string) (string, bool) {
 	return parts[3], true
 }
 
-// dispatch hands a delivery to the lane's runner, starting one if needed.
-// Starting a runner needs a lane slot: at capacity it blocks, which stops
-// pulling (it never NAKs in a hot loop).
-func (w *Worker) dispatch(msg jetstream.Msg) {
+// dispatch hands a delivery of inbox stream from to the lane's runner,
+// starting one if needed. Starting a runner needs a lane slot: at capacity
+// it blocks, which stops pulling (it never NAKs in a hot loop).
+func (w *Worker) dispatch(from *broker.Inbox, msg jetstream.Msg) {
 	if strings.HasPrefix(msg.Subject(), w.names.InboxControlPrefix()) {
 		// A migration's drain marker (admin.MigrateInbox): no lane's.
 		_ = msg.Ack()
@@ -370,26 +372,28 @@ func (w *Worker) dispatch(msg jetstream.Msg) {
 		}
 		w.heldElsewhere.Delete(laneTok)
 	}
-	w.runLocal(laneTok, msg, true)
+	w.runLocal(laneTok, msg, from, true)
 }
 
-// runLocal hands a delivery to the lane's runner on this worker, starting
-// one if needed. Starting a runner needs a lane slot: at capacity it blocks
-// when block is set, and otherwise reports false (the delivery untouched).
-// A worker that is draining hands the delivery back.
-func (w *Worker) runLocal(laneTok string, msg jetstream.Msg, block bool) bool {
+// runLocal hands a delivery of inbox stream from to the lane's runner on
+// this worker, starting one if needed. Starting a runner needs a lane slot:
+// at capacity it blocks when block is set, and otherwise reports false (the
+// delivery untouched). A worker that is draining hands the delivery back.
+func (w *Worker) runLocal(laneTok string, msg jetstream.Msg, from *broker.Inbox, block bool) bool {
 	w.mu.Lock()
-	if l := w.lanes[laneTok]; l != nil && l.offer(msg) {
+	if l := w.lanes[laneTok]; l != nil && l.offer(msg, from) {
 		w.mu.Unlock()
 		return true
 	}
 	w.mu.Unlock()
-	if in := w.inboxes.ForLane(laneTok); streamOf(msg) != in.Name {
+	if in := w.inboxes.ForLane(laneTok); from != in || in.Stale() {
 		// A delivery of a stream the inbox map does not put the lane in:
 		// this worker has not seen the map a migration just wrote, or
 		// the delivery is of the stream the lane's partition left (drained
-		// and committed, then purged). Handed back: the lane's owner reads
-		// the lane from its stream.
+		// and committed, then purged). Or of another incarnation of the
+		// lane's stream than the one this worker knows (it was deleted
+		// and made again: its seqs count from 1 again). Handed back: the
+		// lane's owner reads the lane from its stream.
 		_ = msg.NakWithDelay(time.Second)
 		return true
 	}
@@ -415,13 +419,13 @@ func (w *Worker) runLocal(laneTok string, msg jetstream.Msg, block bool) bool {
 		<-w.laneSlots
 		return false
 	}
-	if l := w.lanes[laneTok]; l != nil && l.offer(msg) {
+	if l := w.lanes[laneTok]; l != nil && l.offer(msg, from) {
 		w.mu.Unlock()
 		<-w.laneSlots
 		return true
 	}
 	l := newLane(w, laneTok)
-	l.offer(msg)
+	l.offer(msg, from)
 	w.lanes[laneTok] = l
 	w.wg.Add(1)
 	w.mu.Unlock()
@@ -494,14 +498,25 @@ type puller struct {
 }
 
 // reconcile starts a pull loop for each stream of the map that has none and
-// stops those of streams the map no longer names.
+// stops those of streams the map no longer names, and those of an
+// incarnation of a stream that is no longer the set's (it was recreated:
+// the new pull is on the new incarnation's consumer).
 func (ps *pullers) reconcile() error {
 	want := map[string]bool{}
 	var errs []error
 	for _, in := range ps.w.inboxes.All() {
 		want[in.Name] = true
-		if ps.by[in.Name] != nil {
-			continue
+		if p := ps.by[in.Name]; p != nil {
+			if p.in == in {
+				continue
+			}
+			// What its iterator still buffers is of the old consumer, or
+			// of the new one through a pull the old iterator made: either
+			// way it is dropped here, and the new consumer hands it out
+			// again after its ack wait.
+			p.it.Stop()
+			ps.stopped = append(ps.stopped, p)
+			delete(ps.by, in.Name)
 		}
 		it, err := in.Consumer.Messages(jetstream.PullMaxMessages(4), jetstream.PullExpiry(pullExpiry))
 		if err != nil {
@@ -549,6 +564,13 @@ func (ps *pullers) stopAll() {
 }
 
 // pullLoop hands the deliveries of one inbox stream to their lanes.
+//
+// Each delivery is of the incarnation p.in of the stream (see broker.Inbox)
+// as long as that is the set's: the loop ends when the consumer reports
+// itself deleted, after the set has taken the stream's new incarnation (or
+// marked p.in stale until it can: InboxSet.Reopen), and Run starts a pull
+// on the new one. A delivery that comes through this loop once p.in is not
+// the set's any more is handed back, never compared with a committed seq.
 func (w *Worker) pullLoop(p *puller) {
 	defer close(p.done)
 	for {
@@ -561,6 +583,20 @@ func (w *Worker) pullLoop(p *puller) {
 				return
 			}
 			w.log.Warn("pull", slog.String("stream", p.in.Name), slog.Any("error", err))
+			switch {
+			case errors.Is(err, jetstream.ErrConsumerDeleted):
+				// The consumer is gone, and with it, likely, the stream
+				// (an operator deleted it; provisioning makes it again,
+				// with a new identity and seqs from 1).
+				w.reopenInbox(p.in)
+				return
+			case errors.Is(err, jetstream.ErrNoHeartbeat):
+				// The server stopped answering the pull: the consumer
+				// may be gone. Check the stream's identity.
+				if _, err := w.inboxes.Reopen(context.WithoutCancel(w.hardCtx), p.in, false); err != nil {
+					w.log.Warn("check inbox stream", slog.String("stream", p.in.Name), slog.Any("error", err))
+				}
+			}
 			// Never spin on a failing pull: back off briefly.
 			select {
 			case <-w.drainCh:
@@ -572,6 +608,34 @@ func (w *Worker) pullLoop(p *puller) {
 			_ = msg.Nak()
 			continue
 		}
-		w.dispatch(msg)
+		if p.in.Stale() || w.inboxes.ByName(p.in.Name) != p.in {
+			// Of an incarnation of the stream that is not the set's: its
+			// seq may count in another stream than the lane's entry.
+			_ = msg.NakWithDelay(time.Second)
+			continue
+		}
+		w.dispatch(p.in, msg)
+	}
+}
+
+// reopenInbox makes the set take the new incarnation of in's stream, whose
+// consumer reported itself deleted: in is marked stale at once, and the
+// stream read again until it is back (provisioning makes it again) or the
+// worker stops.
+func (w *Worker) reopenInbox(in *broker.Inbox) {
+	wait := 250 * time.Millisecond
+	for {
+		fresh, err := w.inboxes.Reopen(context.WithoutCancel(w.hardCtx), in, true)
+		if err == nil {
+			w.log.Warn("inbox stream reopened", slog.String("stream", in.Name), slog.String("inbox_id", fresh.ID), slog.String("was", in.ID))
+			return
+		}
+		w.log.Warn("reopen inbox stream", slog.String("stream", in.Name), slog.Any("error", err))
+		select {
+		case <-w.drainCh:
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
 	}
 }

@@ -1,0 +1,115 @@
+package worker_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/test/natstest"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+// recreateInbox deletes the inbox stream (its workers consumer goes with
+// it) and provisions the fleet again from another connection, as a process
+// starting then would: the stream comes back empty, with a new identity,
+// its seqs starting again at 1. It returns the new identity.
+func (f *fleet) recreateInbox() string {
+	f.t.Helper()
+	old := f.inboxID()
+	if err := f.js.DeleteStream(f.t.Context(), f.names.InboxStream()); err != nil {
+		f.t.Fatal(err)
+	}
+	nc := f.srv.Connect(f.t)
+	res, err := broker.Provision(f.t.Context(), natstest.JetStream(f.t, nc), broker.ProvisionConfig{Names: f.names, LeaseTTL: testTTL})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if res.InboxID == old || res.InboxID == "" {
+		f.t.Fatalf("recreated inbox has identity %q (was %q)", res.InboxID, old)
+	}
+	return res.InboxID
+}
+
+func (f *fleet) inboxID() string {
+	f.t.Helper()
+	id, err := broker.InboxID(f.t.Context(), f.res.Inbox)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return id
+}
+
+// TestInboxRecreatedUnderARunningWorker: an operator deletes the inbox
+// stream and provisioning recreates it (new identity, seqs from 1) while a
+// worker runs, with lanes whose entries committed seqs above what the new
+// stream will reach. Every message sent after that is answered once, in
+// order: none is taken for committed because its seq is at most the
+// committed seq of the old stream. Both a lane the worker no longer owns
+// and one it still owns (lingering) when the stream goes are covered.
+func TestInboxRecreatedUnderARunningWorker(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		linger time.Duration
+	}{
+		{"idle lanes", 200 * time.Millisecond},
+		{"owned lanes", time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFleet(t)
+			w := f.startWorker("w1", func(c *worker.Config) { c.Linger = tc.linger })
+			chats := []string{"r1", "r2"}
+			sent := map[string][]string{}
+			lanes := map[string]string{}
+			for i := 0; i < 4; i++ {
+				for _, c := range chats {
+					text := fmt.Sprintf("before %s %d", c, i)
+					lane, seq := f.post(c, text, fmt.Sprintf("b%d", i))
+					lanes[c] = lane
+					sent[c] = append(sent[c], text)
+					f.waitCommitted(lane, seq)
+				}
+			}
+			if tc.linger < time.Second {
+				natstest.WaitFor(t, 20*time.Second, "lanes released", func() error {
+					if n := w.LanesOwned(); n != 0 {
+						return fmt.Errorf("%d lanes owned", n)
+					}
+					return nil
+				})
+			} else if n := w.LanesOwned(); n != len(chats) {
+				t.Fatalf("%d lanes owned, want %d", n, len(chats))
+			}
+			newID := f.recreateInbox()
+			// Seqs 1..4 of the new stream: each at most the committed seq
+			// (7 or 8) that the lanes' entries hold for the old stream.
+			last := map[string]uint64{}
+			for i := 0; i < 2; i++ {
+				for _, c := range chats {
+					text := fmt.Sprintf("after %s %d", c, i)
+					_, seq := f.post(c, text, fmt.Sprintf("a%d", i))
+					if seq > 4 {
+						t.Fatalf("new stream seq %d", seq)
+					}
+					sent[c] = append(sent[c], text)
+					last[c] = seq
+				}
+			}
+			for _, c := range chats {
+				lane := lanes[c]
+				natstest.WaitFor(t, 30*time.Second, "new messages committed on "+c, func() error {
+					e, _, err := f.store.Get(t.Context(), lane)
+					if err != nil {
+						return err
+					}
+					if e.InboxID != newID || e.CommittedSeq < last[c] || e.Turn != nil {
+						return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v",
+							e.InboxID, newID, e.CommittedSeq, last[c], e.Turn != nil)
+					}
+					return nil
+				})
+				f.checkAnsweredOnce(lane, sent[c]...)
+			}
+		})
+	}
+}
