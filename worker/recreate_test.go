@@ -40,6 +40,44 @@ func (f *fleet) inboxID() string {
 	return id
 }
 
+// TestInboxConsumerRecreatedUnderARunningWorker: the workers consumer alone
+// is deleted and provisioning makes it again (the stream and its identity
+// stay): the worker pulls from the new consumer, and what it hands out
+// again (the whole stream: it delivers from the first seq) is acked as
+// committed, not answered twice.
+func TestInboxConsumerRecreatedUnderARunningWorker(t *testing.T) {
+	f := newFleet(t)
+	f.startWorker("w1", nil)
+	var sent []string
+	var lane string
+	for i := 0; i < 3; i++ {
+		text := fmt.Sprintf("before %d", i)
+		var seq uint64
+		lane, seq = f.post("k1", text, fmt.Sprintf("b%d", i))
+		sent = append(sent, text)
+		f.waitCommitted(lane, seq)
+	}
+	id := f.inboxID()
+	if err := f.js.DeleteConsumer(t.Context(), f.names.InboxStream(), f.names.WorkersConsumer()); err != nil {
+		t.Fatal(err)
+	}
+	nc := f.srv.Connect(t)
+	if _, err := broker.Provision(t.Context(), natstest.JetStream(t, nc), broker.ProvisionConfig{Names: f.names, LeaseTTL: testTTL}); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.inboxID(); got != id {
+		t.Fatalf("identity changed %s -> %s", id, got)
+	}
+	var seq uint64
+	for i := 0; i < 2; i++ {
+		text := fmt.Sprintf("after %d", i)
+		_, seq = f.post("k1", text, fmt.Sprintf("a%d", i))
+		sent = append(sent, text)
+	}
+	f.waitCommitted(lane, seq)
+	f.checkAnsweredOnce(lane, sent...)
+}
+
 // TestInboxRecreatedUnderARunningWorker: an operator deletes the inbox
 // stream and provisioning recreates it (new identity, seqs from 1) while a
 // worker runs, with lanes whose entries committed seqs above what the new
