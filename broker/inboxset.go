@@ -182,16 +182,21 @@ func (s *InboxSet) open(ctx context.Context, i int) (*Inbox, error) {
 // it while the stream is away) and the set takes a new Inbox, with new
 // handles, in its place; Changed then signals. Otherwise in stays, and is
 // returned. An error (the stream not there yet, while it is recreated)
-// leaves a gone in Stale in the set: the caller tries again.
+// leaves in in the set, Stale if gone or if the stream was not found: the
+// caller tries again.
 func (s *InboxSet) Reopen(ctx context.Context, in *Inbox, gone bool) (*Inbox, error) {
 	if gone {
 		in.stale.Store(true)
 	}
 	fresh, err := s.open(ctx, in.Index)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		// Deleted: whatever comes back under its name is another.
+		in.stale.Store(true)
+	}
 	if err != nil {
 		return nil, err
 	}
-	if fresh.ID == in.ID && !gone {
+	if fresh.ID == in.ID && !gone && !in.Stale() {
 		return in, nil
 	}
 	in.stale.Store(true)

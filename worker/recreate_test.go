@@ -158,3 +158,76 @@ func TestInboxRecreatedUnderARunningWorker(t *testing.T) {
 		})
 	}
 }
+
+// TestInboxRecreatedWhileAtCapacity: the worker is at capacity (its one lane
+// slot held by a long turn), so its pull loop waits to hand a delivery over
+// and its pull on the server runs out: when the inbox stream is deleted,
+// no pull of it is waiting, and no word of the deletion reaches it. The
+// next pull, once the slot frees, is served by the new incarnation's
+// consumer. Its deliveries must not be taken for the old stream's: the
+// worker checks the stream's identity before pulling again.
+func TestInboxRecreatedWhileAtCapacity(t *testing.T) {
+	f := newFleet(t)
+	f.startWorker("w1", func(c *worker.Config) { c.MaxLanes = 1; c.Linger = 200 * time.Millisecond })
+	var sent []string
+	var lane string
+	for i := 0; i < 4; i++ {
+		text := fmt.Sprintf("before %d", i)
+		var seq uint64
+		lane, seq = f.post("z", text, fmt.Sprintf("b%d", i))
+		sent = append(sent, text)
+		f.waitCommitted(lane, seq)
+	}
+	// The slot is held by a long turn, and a delivery of another lane
+	// waits for it in the pull loop.
+	long, _ := f.post("x", "!sleep 20s", "x1")
+	natstest.WaitFor(t, 20*time.Second, "the long turn running", func() error {
+		e, _, err := f.store.Get(t.Context(), long)
+		if err != nil {
+			return err
+		}
+		if e.Turn == nil {
+			return fmt.Errorf("no turn")
+		}
+		return nil
+	})
+	f.post("y", "waits for a slot", "y1")
+	cons, err := f.res.Inbox.Consumer(t.Context(), f.names.WorkersConsumer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.WaitFor(t, 20*time.Second, "no pull waiting on the server", func() error {
+		info, err := cons.Info(t.Context())
+		if err != nil {
+			return err
+		}
+		if info.NumWaiting != 0 || info.NumPending != 0 || info.NumAckPending < 2 {
+			return fmt.Errorf("waiting %d, pending %d, ack pending %d", info.NumWaiting, info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
+	newID := f.recreateInbox()
+	var seqs []uint64
+	for i := 0; i < 2; i++ {
+		text := fmt.Sprintf("after %d", i)
+		_, seq := f.post("z", text, fmt.Sprintf("a%d", i))
+		sent = append(sent, text)
+		seqs = append(seqs, seq)
+	}
+	if e, _, err := f.store.Get(t.Context(), long); err != nil || e.Turn == nil {
+		t.Fatalf("the long turn ended before the stream was recreated (%v): the case was not made", err)
+	}
+	natstest.WaitFor(t, 60*time.Second, "the new messages committed", func() error {
+		e, _, err := f.store.Get(t.Context(), lane)
+		if err != nil {
+			return err
+		}
+		if e.InboxID != newID || e.CommittedSeq < seqs[1] || e.Turn != nil {
+			return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v", e.InboxID, newID, e.CommittedSeq, seqs[1], e.Turn != nil)
+		}
+		return nil
+	})
+	// The two new messages may make one turn (both wait while the slot is
+	// held): each is answered once, in order, all the same.
+	f.checkAnsweredOnce(lane, sent...)
+}

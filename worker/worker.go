@@ -608,15 +608,37 @@ func (w *Worker) pullLoop(p *puller) {
 			_ = msg.Nak()
 			continue
 		}
-		if p.in.Stale() || w.inboxes.ByName(p.in.Name) != p.in {
+		if cur := w.inboxes.ByName(p.in.Name); p.in.Stale() || cur != p.in {
 			// Of an incarnation of the stream that is not the set's: its
 			// seq may count in another stream than the lane's entry.
 			_ = msg.NakWithDelay(time.Second)
+			if cur == p.in {
+				// Known gone, and the set has not the new one yet (a
+				// check found the stream missing): take it now. Run then
+				// replaces this pull.
+				w.reopenInbox(p.in)
+			}
 			continue
 		}
+		began := time.Now()
 		w.dispatch(p.in, msg)
+		if time.Since(began) >= awayCheck {
+			// Dispatch waited (for a lane slot, at capacity): the
+			// iterator may have had no pull waiting on the server
+			// meanwhile, so the consumer could have been deleted with no
+			// word to it, and the next pull, which Next sends, would be
+			// served by a consumer made again since: check the stream's
+			// identity first.
+			if _, err := w.inboxes.Reopen(context.WithoutCancel(w.hardCtx), p.in, false); err != nil {
+				w.log.Warn("check inbox stream", slog.String("stream", p.in.Name), slog.Any("error", err))
+			}
+		}
 	}
 }
+
+// awayCheck is how long the pull loop may spend handing one delivery to its
+// lane before it checks the stream's identity (see pullLoop).
+const awayCheck = 500 * time.Millisecond
 
 // reopenInbox makes the set take the new incarnation of in's stream, whose
 // consumer reported itself deleted: in is marked stale at once, and the
