@@ -70,7 +70,7 @@ type owner struct {
 	// are of (see heldOf).
 	heldFrom *broker.Inbox
 	closed   bool
-	signal chan struct{}
+	signal   chan struct{}
 
 	// known is the highest inbox seq of the lane heard of without reading
 	// the stream: from post-store hints (their Nats-Sequence) and from
