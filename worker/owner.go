@@ -88,6 +88,12 @@ type owner struct {
 	hintMu sync.Mutex
 	hinted []hintedMsg
 	hints  chan struct{}
+	// committed mirrors the entry's committed_seq for the hint
+	// subscription, which sets suspect on a hint whose lane subject's
+	// previous seq is below it (see keepHint): peek then checks the
+	// stream's identity before it reads.
+	committed atomic.Uint64
+	suspect   atomic.Bool
 
 	// The lease of the current ownership. lease is set by begin before the
 	// renew loop starts; renewDone is closed when that loop ended.
@@ -288,6 +294,9 @@ func (o *owner) mutate(fn kv.MutateFunc, fenced bool) error {
 		return err
 	}
 	o.entry, o.rev = e, rev
+	if e != nil {
+		o.committed.Store(e.CommittedSeq)
+	}
 	return nil
 }
 

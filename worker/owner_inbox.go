@@ -42,6 +42,12 @@ func (o *owner) peek(ctx context.Context, seq uint64) (*inboxMsg, error) {
 	if seq == 0 {
 		seq = 1
 	}
+	if in := o.in.Load(); in != nil && o.suspect.Swap(false) {
+		if _, err := o.w.inboxes.Reopen(context.WithoutCancel(ctx), in, false); err != nil {
+			o.suspect.Store(true)
+			return nil, err
+		}
+	}
 	if in := o.in.Load(); in != nil && in.Stale() {
 		// The stream was deleted (and maybe made again): what a read by
 		// its name finds now is not the ownership's stream. The lane is
@@ -345,6 +351,14 @@ func (o *owner) keepHint(m *nats.Msg) (uint64, bool) {
 		return 0, false
 	}
 	last, err := strconv.ParseUint(m.Header.Get(jetstream.LastSequenceHeader), 10, 64)
+	if err == nil && last < o.committed.Load() {
+		// The lane subject's previous message is below the committed
+		// one: in the stream committed_seq counts in, that one is still
+		// there (only prune purges it, with no owner). The stream was
+		// most likely recreated: the next read checks (see peek).
+		o.suspect.Store(true)
+		return 0, false
+	}
 	if err != nil || last >= seq || m.Header.Get("Nats-Msg-Size") != "" {
 		return seq, true // usable as a hint, not as the message
 	}

@@ -231,3 +231,68 @@ func TestInboxRecreatedWhileAtCapacity(t *testing.T) {
 	// held): each is answered once, in order, all the same.
 	f.checkAnsweredOnce(lane, sent...)
 }
+
+// TestInboxRecreatedUnderAnOwnerAtCapacity: the worker is at capacity (its
+// one slot held by a lane that lingers), so its pull loop waits and learns
+// nothing of the stream's deletion. The owner reads its lane by the
+// stream's name, which reaches the new incarnation, whose seqs soon pass
+// the lane's committed seq: a hint whose lane subject's previous seq is
+// below the committed one makes it check the stream's identity before it
+// reads, so it never runs the new stream's messages as the old one's.
+func TestInboxRecreatedUnderAnOwnerAtCapacity(t *testing.T) {
+	f := newFleet(t)
+	w := f.startWorker("w1", func(c *worker.Config) { c.MaxLanes = 1; c.Linger = time.Minute })
+	var sent []string
+	var lane string
+	var seq uint64
+	for i := 0; i < 4; i++ {
+		text := fmt.Sprintf("before %d", i)
+		lane, seq = f.post("z", text, fmt.Sprintf("b%d", i))
+		sent = append(sent, text)
+		f.waitCommitted(lane, seq)
+	}
+	if n := w.LanesOwned(); n != 1 {
+		t.Fatalf("%d lanes owned", n)
+	}
+	f.post("y", "waits for a slot", "y1")
+	cons, err := f.res.Inbox.Consumer(t.Context(), f.names.WorkersConsumer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.WaitFor(t, 20*time.Second, "no pull waiting on the server", func() error {
+		info, err := cons.Info(t.Context())
+		if err != nil {
+			return err
+		}
+		if info.NumWaiting != 0 || info.NumPending != 0 || info.NumAckPending < 1 {
+			return fmt.Errorf("waiting %d, pending %d, ack pending %d", info.NumWaiting, info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
+	newID := f.recreateInbox()
+	// Other lanes' messages take the new stream's first seqs, so the
+	// lane's next one comes above its committed seq.
+	for i := 0; i < 5; i++ {
+		f.post(fmt.Sprintf("other%d", i), "hi", "o1")
+	}
+	text := "after"
+	_, seq = f.post("z", text, "a1")
+	sent = append(sent, text)
+	if e, _, err := f.store.Get(t.Context(), lane); err != nil || seq <= e.CommittedSeq {
+		t.Fatalf("new seq %d, entry %+v (%v)", seq, e, err)
+	}
+	natstest.WaitFor(t, 30*time.Second, "the new message committed", func() error {
+		e, _, err := f.store.Get(t.Context(), lane)
+		if err != nil {
+			return err
+		}
+		if e.CommittedSeq < seq || e.Turn != nil {
+			return fmt.Errorf("committed %d (want %d), turn %v", e.CommittedSeq, seq, e.Turn != nil)
+		}
+		if e.InboxID != newID {
+			t.Fatalf("the new message was committed as the old stream's: entry inbox %s, want %s", e.InboxID, newID)
+		}
+		return nil
+	})
+	f.checkAnsweredOnce(lane, sent...)
+}
