@@ -200,7 +200,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	liveDone := make(chan struct{})
 	go func() { defer close(liveDone); w.livenessLoop(liveStop) }()
 	defer func() { close(liveStop); <-liveDone }()
-	pulls := &pullers{w: w, by: map[string]*puller{}}
+	pulls := &pullers{w: w, by: map[string]*puller{}, quit: make(chan struct{})}
 	if err := pulls.reconcile(); err != nil {
 		pulls.stopAll()
 		return err
@@ -489,12 +489,16 @@ type pullers struct {
 	w       *Worker
 	by      map[string]*puller
 	stopped []*puller
+	// quit is closed by stopAll: a pull loop waiting for its stream to
+	// come back (reopenInbox) stops waiting.
+	quit chan struct{}
 }
 
 type puller struct {
 	in   *broker.Inbox
 	it   jetstream.MessagesContext
 	done chan struct{}
+	quit chan struct{}
 }
 
 // reconcile starts a pull loop for each stream of the map that has none and
@@ -523,7 +527,7 @@ func (ps *pullers) reconcile() error {
 			errs = append(errs, fmt.Errorf("worker: pull %s: %w", in.Name, err))
 			continue
 		}
-		p := &puller{in: in, it: it, done: make(chan struct{})}
+		p := &puller{in: in, it: it, done: make(chan struct{}), quit: ps.quit}
 		ps.by[in.Name] = p
 		go ps.w.pullLoop(p)
 	}
@@ -557,6 +561,7 @@ func (ps *pullers) wait() {
 }
 
 func (ps *pullers) stopAll() {
+	close(ps.quit)
 	for _, p := range ps.by {
 		p.it.Stop()
 	}
@@ -588,7 +593,7 @@ func (w *Worker) pullLoop(p *puller) {
 				// The consumer is gone, and with it, likely, the stream
 				// (an operator deleted it; provisioning makes it again,
 				// with a new identity and seqs from 1).
-				w.reopenInbox(p.in)
+				w.reopenInbox(p.in, p.quit)
 				return
 			case errors.Is(err, jetstream.ErrNoHeartbeat):
 				// The server stopped answering the pull: the consumer
@@ -616,7 +621,7 @@ func (w *Worker) pullLoop(p *puller) {
 				// Known gone, and the set has not the new one yet (a
 				// check found the stream missing): take it now. Run then
 				// replaces this pull.
-				w.reopenInbox(p.in)
+				w.reopenInbox(p.in, p.quit)
 			}
 			continue
 		}
@@ -642,9 +647,9 @@ const awayCheck = 500 * time.Millisecond
 
 // reopenInbox makes the set take the new incarnation of in's stream, whose
 // consumer reported itself deleted: in is marked stale at once, and the
-// stream read again until it is back (provisioning makes it again) or the
-// worker stops.
-func (w *Worker) reopenInbox(in *broker.Inbox) {
+// stream read again until it is back (provisioning makes it again), the
+// worker stops or quit is closed.
+func (w *Worker) reopenInbox(in *broker.Inbox, quit <-chan struct{}) {
 	wait := 250 * time.Millisecond
 	for {
 		fresh, err := w.inboxes.Reopen(context.WithoutCancel(w.hardCtx), in, true)
@@ -655,6 +660,8 @@ func (w *Worker) reopenInbox(in *broker.Inbox) {
 		w.log.Warn("reopen inbox stream", slog.String("stream", in.Name), slog.Any("error", err))
 		select {
 		case <-w.drainCh:
+			return
+		case <-quit:
 			return
 		case <-time.After(wait):
 		}
