@@ -86,7 +86,9 @@ var ErrMapChanged = errors.New("the inbox map changed under the migration (anoth
 //     bound; owners bound to the old one release the lane when idle;
 //  5. purge the partition from the old stream up to the bound, so a stream
 //     only ever holds messages of the partitions assigned to it;
-//  6. open: the new stream takes the subject, then the map drops the move.
+//  6. open: the new stream takes the subject, then the map drops the move;
+//     a last look at the old stream moves the partition again if a message
+//     of it was stored there after all (see strays).
 //
 // Every step is written to the map first (by compare-and-set), so a
 // migration stopped anywhere is finished by running it again with the same
@@ -211,6 +213,18 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 		moves = moves[n:]
 	}
 
+	// A last look for messages left in the streams partitions moved out
+	// of (see strays), until none is found.
+	for {
+		n, d, err := mg.strays(ctx, mg.misplaced())
+		rep.Drain = max(rep.Drain, d)
+		if err != nil {
+			return rep, err
+		}
+		if n == 0 {
+			break
+		}
+	}
 	// The drain markers served their purpose.
 	for i := 0; i < mg.m.Streams; i++ {
 		if err := mg.purgeMarkers(ctx, i); err != nil {
@@ -351,7 +365,9 @@ type moveResult struct {
 // A message of the partition found in the old stream past the purge bound
 // (which the marker rules out, see mark) puts its partition back in its old
 // stream (un-flipped, still closed) and the batch drains again, with a new
-// marker, so it is answered there before the move ends.
+// marker, so it is answered there before the move ends; unless the new
+// stream already holds messages of the partition: then the batch ends as
+// in reopen, and that partition stays closed (ErrInBothStreams).
 func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult, error) {
 	f := mg.f
 	var res moveResult
@@ -439,7 +455,22 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 			break
 		}
 		// Messages stored past the bound: back to the old stream, still
-		// closed, and drain again.
+		// closed, and drain again; but, as in reopen, only when the new
+		// stream holds nothing of the partition (a run stopped between an
+		// open's subject change and its map write let it take publishes,
+		// which its lanes may have committed there: back in the old stream
+		// they would be answered again, and the message left there after
+		// them). A partition with messages in both streams stays closed.
+		for p := range residue {
+			mv := mg.m.Moving[slices.IndexFunc(mg.m.Moving, func(mv broker.Move) bool { return mv.P == p })]
+			_, found, err := nextOf(ctx, f.JS, f.Names.InboxStreamAt(mv.To), f.Names.InboxPartitionSubject(p), 1)
+			if err != nil {
+				return res, fmt.Errorf("partition %d in %s: %w (the batch stays closed until the command is run again)", p, f.Names.InboxStreamAt(mv.To), err)
+			}
+			if found {
+				return res, mg.reopen(ctx, ErrInBothStreams)
+			}
+		}
 		back := mg.m.Clone()
 		for i, mv := range back.Moving {
 			if residue[mv.P] {
@@ -455,6 +486,7 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 	}
 	// 6. open: the new streams take the subjects, then the map says so (a
 	// stop between the two is mended by the close of the re-run).
+	opened := mg.m.Moving
 	next = mg.m.Clone()
 	next.Moving = nil
 	for _, i := range streamsOf(batch, false, true) {
@@ -471,9 +503,85 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 	if err := mg.step(stepOpened); err != nil {
 		return res, err
 	}
+	// A last look at the old streams (see strays).
+	_, d, err := mg.strays(ctx, opened)
+	res.drain = max(res.drain, d)
+	if err != nil {
+		return res, err
+	}
 	res.moved = batch
 	mg.log.Info("inbox partitions moved", slog.Int("partitions", len(batch)), slog.Duration("drain", res.drain))
 	return res, nil
+}
+
+// strays looks once more, from the stream leaders, for messages of the
+// partitions of moves (open in their new stream) in their old stream, and
+// moves each partition found there again, as one whose purge found a
+// message past its bound: closed, back to its old stream (if its new stream
+// holds nothing of it yet), drained, flipped, purged and opened; it returns
+// how many it moved again and the longest drain.
+//
+// The marker bounds what the stream leader that answered the close can
+// store of a closed partition (see mark). On a replicated stream, a replica
+// that becomes leader before it applied the close still takes the
+// partition's subject for that moment, and a publish retried to it is
+// stored in the old stream past the marker; stored after the purge's last
+// check, it would stay there unanswered (the partition's lanes are read
+// from the new stream). The migration looks after each batch's open and,
+// for every stream and every partition assigned to another one, once more
+// before its last map write (which also covers a run stopped between an
+// open and its look). A partition with messages in both streams by then
+// stays closed and the migration fails (ErrInBothStreams, see reopen):
+// nothing is deleted or answered out of order by the migration itself.
+func (mg *migration) strays(ctx context.Context, moves []broker.Move) (int, time.Duration, error) {
+	f := mg.f
+	var again []broker.Move
+	for _, mv := range moves {
+		if slices.ContainsFunc(again, func(a broker.Move) bool { return a.P == mv.P }) {
+			continue // the next look finds the other stream
+		}
+		name := f.Names.InboxStreamAt(mv.From)
+		seq, found, err := nextOf(ctx, f.JS, name, f.Names.InboxPartitionSubject(mv.P), 1)
+		if err != nil {
+			return 0, 0, fmt.Errorf("partition %d in its old stream %s after its move: %w (run the command again: it looks again)", mv.P, name, err)
+		}
+		if found {
+			mg.log.Warn("inbox partition has a message in its old stream after its move: moved again", slog.Int("partition", mv.P),
+				slog.String("stream", name), slog.Uint64("seq", seq), slog.String("new_stream", f.Names.InboxStreamAt(mv.To)))
+			var zero uint64
+			again = append(again, broker.Move{P: mv.P, From: mv.From, To: mv.To, Drained: &zero})
+		}
+	}
+	if len(again) == 0 {
+		return 0, 0, nil
+	}
+	d, err := mg.move(ctx, again)
+	if err != nil {
+		return 0, d.drain, fmt.Errorf("partitions %v had a message in their old stream after their move: %w", partitionsOf(again), err)
+	}
+	return len(again), d.drain, nil
+}
+
+// misplaced lists, as moves, every stream's partitions assigned to another
+// stream, for strays' last look.
+func (mg *migration) misplaced() []broker.Move {
+	var out []broker.Move
+	for i := 0; i < mg.m.Streams; i++ {
+		for p, s := range mg.m.Assign {
+			if s != i && mg.m.IsOpen(p) {
+				out = append(out, broker.Move{P: p, From: i, To: s})
+			}
+		}
+	}
+	return out
+}
+
+func partitionsOf(moves []broker.Move) []int {
+	out := make([]int, len(moves))
+	for i, mv := range moves {
+		out[i] = mv.P
+	}
+	return out
 }
 
 // streamsOf lists, in order, the old (from) and/or new (to) streams of moves.
@@ -519,7 +627,11 @@ func streamsOf(moves []broker.Move, from, to bool) []int {
 // before the update and whose goroutine reaches the queue only after the
 // update's answer and the marker's publish went over the network: the
 // purge's check for messages past the bound (purge) catches it before the
-// open, and the batch drains again.
+// open, and the batch drains again. The argument holds for the leader that
+// answered the close: a replica that becomes the stream's leader before it
+// applied the close still takes the subject for that moment, and what it
+// stores of the partition lands past the marker, maybe after the purge's
+// check; the looks after the open (strays) are for that.
 func (mg *migration) mark(ctx context.Context, i int) (uint64, error) {
 	if mg.o.beforeMark != nil {
 		mg.o.beforeMark(i)
@@ -564,12 +676,16 @@ func (mg *migration) purgeMarkers(ctx context.Context, i int) error {
 //
 // A flipped partition with messages in both streams (which takes a message
 // stored past its marker, and a migration stopped between an open's
-// subject change and its map write) stays closed: no stream can take it
-// without answering out of order; running the command again finishes it.
-// So does one flipped by a version that recorded no bound: its old stream
-// was never purged, and a lane taken there again would start from its
-// first message (an owner binding to another stream reads it from the
-// start), answering committed messages twice.
+// subject change and its map write, or a message stored in its old stream
+// after the open, see strays) stays closed: no stream can take it without
+// answering a message out of order or twice, and running the command again
+// does not change that; the error (ErrInBothStreams) names the messages and
+// what an operator can do. A flipped partition whose new stream could not
+// be read stays closed too, until the command is run again; so does one
+// flipped by a version that recorded no bound: its old stream was never
+// purged, and a lane taken there again would start from its first message
+// (an owner binding to another stream reads it from the start), answering
+// committed messages twice.
 // The streams' subjects are set before the map is written, as in the open.
 func (mg *migration) reopen(ctx context.Context, cause error) error {
 	f := mg.f
@@ -580,6 +696,7 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 	}
 	back := mg.m.Clone()
 	back.Moving = nil
+	var both []string
 	for _, mv := range mg.m.Moving {
 		switch {
 		case !mg.m.Flipped(mv):
@@ -587,9 +704,12 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 			back.Moving = append(back.Moving, mv)
 		case !residue[mv.P]:
 		default:
-			_, found, err := nextOf(ctx, f.JS, f.Names.InboxStreamAt(mv.To), f.Names.InboxPartitionSubject(mv.P), 1)
+			desc, found, err := mg.inBoth(ctx, mv)
 			if err != nil || found {
 				back.Moving = append(back.Moving, mv)
+				if found {
+					both = append(both, desc)
+				}
 				continue
 			}
 			back.Assign[mv.P] = mv.From
@@ -603,10 +723,81 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 	if err := mg.write(ctx, back); err != nil {
 		return fmt.Errorf("%w (the batch could not be reopened: %v; it stays closed until the command is run again)", cause, err)
 	}
+	if len(both) > 0 {
+		for _, desc := range both {
+			mg.log.Error("inbox partition closed: messages in both its old and its new stream", slog.String("partition", desc))
+		}
+		err := fmt.Errorf("%w: %s. %s", ErrInBothStreams, strings.Join(both, "; "), inBothRecovery)
+		if n := len(back.Moving) - len(both); n > 0 {
+			err = fmt.Errorf("%w (%d other partitions stay closed until the command is run again)", err, n)
+		}
+		if errors.Is(cause, ErrInBothStreams) {
+			return err
+		}
+		return fmt.Errorf("%w (%w)", cause, err)
+	}
 	if len(back.Moving) > 0 {
 		return fmt.Errorf("%w (%d partitions that no one stream can take yet stay closed until the command is run again)", cause, len(back.Moving))
 	}
 	return cause
+}
+
+// ErrInBothStreams is returned when a moving partition has a message left
+// in its old stream (stored past its drain's bound, or after the open) and
+// messages in its new stream: it stays closed.
+var ErrInBothStreams = errors.New("inbox partitions with messages in both their old and their new stream stay closed: no stream can take one without answering a message out of order or twice, and running the command again does not change that")
+
+// inBothRecovery tells the operator what can be done about ErrInBothStreams.
+const inBothRecovery = "Nothing was deleted. Inspect each such message (nats stream get <stream> <seq>); " +
+	"to open its partition in its new stream without it, save it, remove it (nats stream rmm <stream> <seq>) and run the command again " +
+	"(the message is then answered only if posted again, after the lane's newer messages if it has any)"
+
+// inBoth reports whether mv's partition has messages in its new stream
+// while its old stream still holds one (which purge found past the bound;
+// an error if it is gone since), and if so describes them: the partition, the first message left in the
+// old stream, its lane, and whether that lane has messages in the new
+// stream, committed or not (committed ones came after the message left
+// behind, which can then no longer be answered in order).
+func (mg *migration) inBoth(ctx context.Context, mv broker.Move) (string, bool, error) {
+	f := mg.f
+	oldName, newName := f.Names.InboxStreamAt(mv.From), f.Names.InboxStreamAt(mv.To)
+	subj := f.Names.InboxPartitionSubject(mv.P)
+	first, found, err := nextOf(ctx, f.JS, newName, subj, 1)
+	if err != nil || !found {
+		return "", false, err
+	}
+	left, err := broker.LeaderGet(ctx, f.JS, oldName, broker.LeaderGetRequest{Seq: 1, NextBySubject: subj})
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		// Removed since the purge looked: the re-run's purge opens it in
+		// its new stream.
+		return "", false, fmt.Errorf("partition %d: nothing left in its old stream %s now", mv.P, oldName)
+	}
+	if err != nil {
+		return "", false, err
+	}
+	lane := strings.TrimPrefix(left.Subject, fmt.Sprintf("%s.in.%d.", f.Names.Prefix(), mv.P))
+	desc := fmt.Sprintf("partition %d: message %d of lane %s left in its old stream %s, and messages in its new stream %s from seq %d on",
+		mv.P, left.Sequence, lane, oldName, newName, first)
+	laneFirst, found, err := nextOf(ctx, f.JS, newName, left.Subject, 1)
+	if err != nil {
+		return "", false, err
+	}
+	if !found {
+		return desc + fmt.Sprintf(" (none of lane %s)", lane), true, nil
+	}
+	st, err := f.JS.Stream(ctx, newName)
+	if err != nil {
+		return "", false, err
+	}
+	e, _, err := f.Store.Get(ctx, lane)
+	if err != nil && !errors.Is(err, kv.ErrNotFound) {
+		return "", false, err
+	}
+	if e != nil && e.InboxID == st.CachedInfo().Config.Metadata[broker.InboxIDMetadata] && e.CommittedSeq >= laneFirst {
+		return desc + fmt.Sprintf(" (lane %s already committed messages there, up to seq %d, which came after message %d: it can no longer be answered in order)",
+			lane, e.CommittedSeq, left.Sequence), true, nil
+	}
+	return desc + fmt.Sprintf(" (lane %s has messages there from seq %d on, none committed yet)", lane, laneFirst), true, nil
 }
 
 // purge removes each flipped move's partition from its old stream up to the

@@ -957,3 +957,311 @@ func TestMigrateInboxConcurrentNoOpDoesNotDeleteUnderAGrow(t *testing.T) {
 		t.Fatalf("user entries %q, want first, after", users)
 	}
 }
+
+// holds reports whether inbox stream i holds the message at seq.
+func (f *migrateFleet) holds(i int, seq uint64) bool {
+	f.t.Helper()
+	st, err := f.js.Stream(f.t.Context(), f.names.InboxStreamAt(i))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	_, err = st.GetMsg(f.t.Context(), seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false
+	}
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return true
+}
+
+// removeMsg removes the message at seq from inbox stream i, as an operator
+// would with nats stream rmm.
+func (f *migrateFleet) removeMsg(i int, seq uint64) {
+	f.t.Helper()
+	st, err := f.js.Stream(f.t.Context(), f.names.InboxStreamAt(i))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := st.DeleteMsg(f.t.Context(), seq); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// useLowLane makes the fleet's lane one of partition 1, whose move to
+// stream 1 is in the first batch of 8.
+func (f *migrateFleet) useLowLane() {
+	for i := 0; ; i++ {
+		chat := fmt.Sprintf("low-%d", i)
+		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: chat, ChatType: session.ChatDM, UserID: "u"}
+		key := session.BuildSessionKey(src, session.DefaultKeyOptions())
+		lane := session.LaneToken(key)
+		if p := session.Partition(f.names.Prefix(), lane); p == 1 {
+			f.chat, f.key, f.lane, f.p = chat, key, lane, p
+			return
+		}
+	}
+}
+
+// TestMigrateInboxStrayAfterTheOpen: a message of a moved partition stored
+// in its old stream after the open (what a replica of a replicated stream
+// that becomes leader before applying the close can do with a publish
+// retried to it) is not left there unanswered. Stored right after its
+// batch's open, with nothing of the partition in its new stream yet: the
+// migration's look after that open closes the partition again (before the
+// next batch closes), moves it through its old stream, and the message is
+// answered there, in order. Stored with the migration stopped right after
+// that open, the re-run's last look over every stream does the same.
+func TestMigrateInboxStrayAfterTheOpen(t *testing.T) {
+	for _, stopped := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stopped=%v", stopped), func(t *testing.T) {
+			f := newMigrateFleet(t)
+			f.useLowLane()
+			first := f.post("first")
+			f.waitCommitted(0, first.Sequence)
+
+			var o admin.MigrateOptions
+			o.Batch, o.DrainTimeout = 8, 30*time.Second
+			errKilled := errors.New("killed after the open")
+			var late *jetstream.PubAck
+			var closedNext []int // the partitions of the next close after the stray
+			admin.SetMigrateStep(&o, func(step string) error {
+				if late != nil {
+					if step == "closed" && closedNext == nil {
+						m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+						if err != nil {
+							return err
+						}
+						for _, mv := range m.Moving {
+							closedNext = append(closedNext, mv.P)
+						}
+					}
+					return nil
+				}
+				if step != "opened" {
+					return nil
+				}
+				late = f.storeLate("late")
+				if stopped {
+					return errKilled
+				}
+				return nil
+			})
+			_, err := f.fl.MigrateInbox(t.Context(), 2, o)
+			if stopped {
+				if !errors.Is(err, errKilled) {
+					t.Fatalf("the stopped migration: %v", err)
+				}
+				_, err = f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if late == nil {
+				t.Fatal("no late message was stored")
+			}
+			if !stopped && !slices.Equal(closedNext, []int{f.p}) {
+				t.Fatalf("after the stray was stored, the next close took partitions %v, want only %d", closedNext, f.p)
+			}
+			m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Streams != 2 || m.Migrating() {
+				t.Fatalf("after the migration the map is %s", m)
+			}
+			f.checkSubjects(m)
+			checkInboxHolds(t, f.js, f.names, m)
+			after := f.post("after")
+			if after.Stream != f.names.InboxStreamAt(1) {
+				t.Fatalf("the lane's message after the move went to %s", after.Stream)
+			}
+			f.waitCommitted(1, after.Sequence)
+			if users := f.users(); !slices.Equal(users, []string{"first", "late", "after"}) {
+				t.Fatalf("user entries %q, want first, late, after", users)
+			}
+		})
+	}
+}
+
+// TestMigrateInboxStrayAfterTheOpenBehindNewerMessages: a message of a
+// moved partition stored in its old stream after the open, once a lane of
+// the partition has posted and committed a newer message in the new stream
+// (its own lane: it can no longer be answered in order; another lane: the
+// partition cannot go back to its old stream without that lane's message
+// being answered again), is not answered by the migration: the migration
+// closes the partition, fails with ErrInBothStreams naming the partition,
+// the old stream, the message's seq and its lane, and deletes nothing;
+// running it again fails the same way. Once an operator removed the message
+// (nats stream rmm), the command opens the partition in its new stream.
+func TestMigrateInboxStrayAfterTheOpenBehindNewerMessages(t *testing.T) {
+	for _, other := range []bool{false, true} {
+		t.Run(fmt.Sprintf("other=%v", other), func(t *testing.T) {
+			f := newMigrateFleet(t)
+			first := f.post("first")
+			f.waitCommitted(0, first.Sequence)
+			g, why, want := f, "can no longer be answered in order", []string{"first", "newer", "after"}
+			if other {
+				g, why, want = f.otherLane(), fmt.Sprintf("(none of lane %s)", f.lane), []string{"first", "after"}
+			}
+
+			var o admin.MigrateOptions
+			o.Batch, o.DrainTimeout = 64, 30*time.Second
+			var late, newer *jetstream.PubAck
+			admin.SetMigrateStep(&o, func(step string) error {
+				if late != nil || step != "opened" {
+					return nil
+				}
+				newer = g.post("newer")
+				if newer.Stream != f.names.InboxStreamAt(1) {
+					t.Errorf("the lane's message after the open went to %s", newer.Stream)
+				}
+				g.waitCommitted(1, newer.Sequence)
+				late = f.storeLate("late")
+				return nil
+			})
+			_, err := f.fl.MigrateInbox(t.Context(), 2, o)
+			if late == nil {
+				t.Fatalf("no late message was stored: %v", err)
+			}
+			checkInBoth(t, f, err, late.Sequence, why)
+			if _, err := f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second}); err != nil {
+				checkInBoth(t, f, err, late.Sequence, why)
+			} else {
+				t.Fatal("running the command again opened the partition with a message left in its old stream")
+			}
+			if !f.holds(1, newer.Sequence) {
+				t.Fatal("the newer message is gone from stream 1")
+			}
+			if users, want := f.users(), want[:len(want)-1]; !slices.Equal(users, want) {
+				t.Fatalf("user entries %q, want %q", users, want)
+			}
+			if users := g.users(); other && !slices.Equal(users, []string{"newer"}) {
+				t.Fatalf("the other lane's user entries %q, want newer", users)
+			}
+
+			f.removeMsg(0, late.Sequence)
+			if _, err := f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second}); err != nil {
+				t.Fatal(err)
+			}
+			m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Streams != 2 || m.Migrating() {
+				t.Fatalf("after the migration the map is %s", m)
+			}
+			f.checkSubjects(m)
+			checkInboxHolds(t, f.js, f.names, m)
+			after := f.post("after")
+			if after.Stream != f.names.InboxStreamAt(1) {
+				t.Fatalf("the lane's message after the move went to %s", after.Stream)
+			}
+			f.waitCommitted(1, after.Sequence)
+			if users := f.users(); !slices.Equal(users, want) {
+				t.Fatalf("user entries %q, want %q", users, want)
+			}
+			if users := g.users(); other && !slices.Equal(users, []string{"newer"}) {
+				t.Fatalf("the other lane's user entries %q, want newer", users)
+			}
+		})
+	}
+}
+
+// otherLane is a copy of f for another lane of the same partition.
+func (f *migrateFleet) otherLane() *migrateFleet {
+	g := *f
+	for i := 0; ; i++ {
+		g.chat = fmt.Sprintf("other-%d", i)
+		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: g.chat, ChatType: session.ChatDM, UserID: "u"}
+		g.key = session.BuildSessionKey(src, session.DefaultKeyOptions())
+		g.lane = session.LaneToken(g.key)
+		if session.Partition(f.names.Prefix(), g.lane) == f.p {
+			return &g
+		}
+	}
+}
+
+// checkInBoth checks that err is ErrInBothStreams naming the lane's
+// partition, stream 0 and seq, and why, and that the partition is closed
+// (moving, flipped, taken by no stream) with the message still in stream 0.
+func checkInBoth(t *testing.T, f *migrateFleet, err error, seq uint64, why string) {
+	t.Helper()
+	if !errors.Is(err, admin.ErrInBothStreams) {
+		t.Fatalf("the migration: %v, want ErrInBothStreams", err)
+	}
+	t.Logf("as expected: %v", err)
+	for _, want := range []string{fmt.Sprintf("partition %d:", f.p), fmt.Sprintf("message %d of lane %s left in its old stream %s", seq, f.lane, f.names.InboxStreamAt(0)),
+		why, "nats stream rmm"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("the error does not say %q: %v", want, err)
+		}
+	}
+	m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.IsOpen(f.p) || m.Assign[f.p] != 1 {
+		t.Fatalf("the map is %s, partition %d open: %v, in stream %d; want it closed, flipped to 1", m, f.p, m.IsOpen(f.p), m.Assign[f.p])
+	}
+	f.checkSubjects(m)
+	if !f.holds(0, seq) {
+		t.Fatalf("the message left in stream 0 (seq %d) is gone", seq)
+	}
+}
+
+// TestMigrateInboxResidueWithMessagesInTheNewStream: a migration stopped
+// between the open's subject change and its map write lets the new stream
+// take publishes of the batch's partitions, which their lanes commit there
+// (the map names it); a message of such a lane then stored in the old
+// stream past the drain's bound cannot go back to the old stream to be
+// answered (it would come after the committed newer one, and that one
+// would be answered again): the re-run keeps the partition closed and fails
+// with ErrInBothStreams, deleting nothing; once the message is removed, it
+// finishes.
+func TestMigrateInboxResidueWithMessagesInTheNewStream(t *testing.T) {
+	f := newMigrateFleet(t)
+	first := f.post("first")
+	f.waitCommitted(0, first.Sequence)
+
+	errKilled := errors.New("killed after the open's subject change")
+	var o admin.MigrateOptions
+	o.Batch, o.DrainTimeout = 64, 30*time.Second
+	admin.SetMigrateStep(&o, func(step string) error {
+		if step == "open-subjects" {
+			return errKilled
+		}
+		return nil
+	})
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, o); !errors.Is(err, errKilled) {
+		t.Fatalf("the stopped migration: %v", err)
+	}
+	newer := f.post("newer")
+	if newer.Stream != f.names.InboxStreamAt(1) {
+		t.Fatalf("the lane's message after the open's subject change went to %s", newer.Stream)
+	}
+	f.waitCommitted(1, newer.Sequence)
+	late := f.storeLate("late")
+
+	_, err := f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second})
+	checkInBoth(t, f, err, late.Sequence, "can no longer be answered in order")
+	if !f.holds(1, newer.Sequence) {
+		t.Fatal("the newer message is gone from stream 1")
+	}
+	if users := f.users(); !slices.Equal(users, []string{"first", "newer"}) {
+		t.Fatalf("user entries %q, want first, newer", users)
+	}
+
+	f.removeMsg(0, late.Sequence)
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	after := f.post("after")
+	if after.Stream != f.names.InboxStreamAt(1) {
+		t.Fatalf("the lane's message after the move went to %s", after.Stream)
+	}
+	f.waitCommitted(1, after.Sequence)
+	if users := f.users(); !slices.Equal(users, []string{"first", "newer", "after"}) {
+		t.Fatalf("user entries %q, want first, newer, after", users)
+	}
+}

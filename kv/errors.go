@@ -24,11 +24,17 @@ var (
 	ErrNoChange = errors.New("no change")
 )
 
-// HeldError says a lease is held by another owner.
+// HeldError says a lease is held by another owner (or by the caller's
+// own owner id: a lease of its own it did not release).
 type HeldError struct {
-	Lane  string
+	Lane string
+	// Owner is the holder's owner id; empty when the key was gone by the
+	// time it was read, at every attempt AcquireBound made.
 	Owner string
+	// Rev is the key's revision, Epoch that of the create that took the
+	// lease the key holds (see Lease).
 	Rev   uint64
+	Epoch uint64
 	// Expires is when the lease runs out unless renewed: its last write's
 	// server time plus its TTL (zero when unknown). Read against the local
 	// clock it is an estimate, good for scheduling a retry, never for

@@ -127,11 +127,21 @@ func (l *Leases) Acquire(ctx context.Context, lane, owner string) (*Lease, error
 // revision: the write's revision is the new epoch, higher than every
 // earlier one, and the old owner's renewals fail on the revision check from
 // then on.
+//
+// A key that was there when the create was refused but gone when its holder
+// was read (released, or run out, in between: common in a rolling restart)
+// is free: the create is tried again at once, up to maxLeaseConflicts
+// times, rather than the caller told that the lane is held by nobody in
+// particular (a HeldError naming no owner then means that the key kept
+// coming and going).
 func (l *Leases) AcquireBound(ctx context.Context, lane, owner string, live uint64) (*Lease, error) {
 	for attempt := 1; ; attempt++ {
 		lease, hrev, held, err := l.acquire(ctx, lane, owner, live)
-		if err == nil || held == nil || held.Owner == "" || attempt > maxLeaseConflicts {
+		if err == nil || held == nil || attempt > maxLeaseConflicts {
 			return lease, err
+		}
+		if held.Owner == "" {
+			continue
 		}
 		if held.live == 0 {
 			return nil, err
@@ -237,10 +247,11 @@ func (l *Leases) create(ctx context.Context, lane, owner string, live uint64) (*
 			if ttl <= 0 {
 				ttl = l.ttl
 			}
-			return nil, hrev, &HeldError{Lane: lane, Owner: v.Owner, Rev: hrev, Expires: at.Add(ttl), live: v.Live}
+			return nil, hrev, &HeldError{Lane: lane, Owner: v.Owner, Rev: hrev, Epoch: v.epochOf(hrev), Expires: at.Add(ttl), live: v.Live}
 		}
 		if errors.Is(herr, ErrNotFound) {
-			// Expired between the two calls: the caller may simply retry.
+			// Released or expired between the two calls: AcquireBound
+			// tries again.
 			return nil, 0, &HeldError{Lane: lane}
 		}
 		return nil, 0, herr

@@ -216,18 +216,12 @@ type drainLanes struct {
 // post publishes text to chat's lane and returns the lane and its seq.
 func (d drainLanes) post(chat, text string) (lane string, seq uint64) {
 	d.t.Helper()
-	src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: chat, ChatType: session.ChatDM, UserID: "u"}
-	key, lane := chatLane(chat)
-	data, _ := json.Marshal(session.Inbound{Source: src, SessionKey: key, Kind: session.KindMessage, Text: text, ReceivedAt: time.Now()})
-	msg := nats.NewMsg(d.names.InboxSubject(session.Partition(d.names.Prefix(), lane), lane))
-	msg.Data = data
-	msg.Header.Set(broker.HdrSessionKey, key)
-	msg.Header.Set(broker.HdrKind, session.KindMessage)
-	ack, err := d.js.PublishMsg(d.t.Context(), msg)
+	_, lane = chatLane(chat)
+	seq, err := postTo(d.t.Context(), d.js, d.names, chat, text)
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	return lane, ack.Sequence
+	return lane, seq
 }
 
 func (d drainLanes) entry(lane string) (*session.SessionEntry, error) {

@@ -183,6 +183,7 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 	// deliveries of the lane must not be forwarded away (see forward.go).
 	w.heldElsewhere.Delete(o.lane)
 	w.mayHold.Delete(o.lane)
+	w.kept.Delete(o.lane)
 	w.stats.Takeovers.Add(1)
 	w.cfg.Metrics.LeaseAcquired(context.Background())
 
@@ -694,7 +695,9 @@ func (o *owner) leaseTaken() {
 // record, if any, is kept for the next owner), lease deleted, held
 // deliveries above the committed seq handed back at once. If the delete
 // failed they go back after fwdBackDelay: the lease still names this
-// worker, so a redelivery now would only be forwarded back here.
+// worker, so a redelivery now would only be forwarded back here. The lease
+// is then remembered as kept, for the lane's next runner here to take back
+// (reclaimKept).
 func (o *owner) release() {
 	w := o.w
 	if err := o.mutate(func(e *session.SessionEntry) (*session.SessionEntry, error) {
@@ -709,8 +712,10 @@ func (o *owner) release() {
 	<-o.renewDone
 	if err := w.releaseLease(context.WithoutCancel(w.hardCtx), o.lease); err != nil {
 		o.log.Warn("release lease", slog.Any("error", err))
-		o.leftHeld()
+		until := o.leftHeld()
 		o.leaseKept = true
+		kept := *o.lease
+		w.kept.Store(o.lane, &keptLease{lease: &kept, until: until})
 	}
 	handOver := o.entry != nil && o.entry.Turn != nil
 	if !handOver && o.entry != nil && w.draining() {
@@ -755,13 +760,57 @@ func (o *owner) handBackDelay() time.Duration {
 // a later one that failed or was cut off: its write may have landed all
 // the same), plus leaseExpirySlack (a draining worker hands the lane's
 // forwarded deliveries back with a delay until then, see drainingForward).
-func (o *owner) leftHeld() {
+//
+// It returns that time (zero without a lease).
+func (o *owner) leftHeld() time.Time {
 	if o.lease == nil {
-		return
+		return time.Time{}
 	}
 	last := max(o.renewedAt.Load(), o.triedAt.Load())
 	until := monoBase.Add(time.Duration(last) + o.w.cfg.LeaseTTL + leaseExpirySlack)
 	o.w.mayHold.Store(o.lane, until)
+	return until
+}
+
+// keptLease is a lane lease a release could not delete (see Worker.kept):
+// the lease as the ownership last knew it, and until when it may be there.
+type keptLease struct {
+	lease *kv.Lease
+	until time.Time
+}
+
+// reclaimKept takes back a lease of this lane that a release of this worker
+// could not delete, when an acquisition found the lane held by it (held):
+// the lease no runner renews any more would otherwise keep the lane's next
+// message waiting until it ran out, up to a lease TTL, for nothing. It
+// deletes the lease by its revision, as the release would have (a lease
+// taken by anyone else meanwhile, a new lease of this worker included, is
+// left alone), and reports whether the lane should be acquired again at
+// once. The acquisition then takes a new lease, of a new epoch, and fences
+// as every new ownership does: the lease stays the only judge, and nothing
+// the ended ownership might still attempt can land.
+func (o *owner) reclaimKept(held *kv.HeldError) bool {
+	w := o.w
+	if held.Owner != w.owner {
+		return false
+	}
+	v, ok := w.kept.Load(o.lane)
+	if !ok {
+		return false
+	}
+	k := v.(*keptLease)
+	if k.lease.Epoch != held.Epoch {
+		return false
+	}
+	lease := *k.lease
+	if err := w.releaseLease(context.WithoutCancel(w.hardCtx), &lease); err != nil {
+		o.log.Warn("release kept lease", slog.Any("error", err))
+		return false
+	}
+	w.kept.CompareAndDelete(o.lane, v)
+	w.mayHold.Delete(o.lane)
+	o.log.Debug("kept lease deleted; taking the lane again", slog.Uint64("epoch", lease.Epoch))
+	return true
 }
 
 // leaseExpirySlack is how much later than a TTL after a renewal was sent

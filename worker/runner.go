@@ -130,10 +130,17 @@ func (l *lane) run() {
 			// The lease was there when the create was refused and gone
 			// when it was read: released (a drain, the end of a linger)
 			// or run out in between, which a rolling restart makes
-			// common. The lane is free: take it now, rather than hand the
-			// deliveries back for a whole lease TTL (the retry delay of a
-			// holder whose expiry is unknown).
+			// common. AcquireBound tries again itself; this error means
+			// the key kept coming and going through all its attempts.
+			// The lane may well be free: try again now, rather than hand
+			// the deliveries back for a whole lease TTL (the retry delay
+			// of a holder whose expiry is unknown).
 			vanished++
+			continue
+		}
+		if errors.As(err, &held) && l.reclaimKept(held) {
+			// This worker's own lease, which its release could not
+			// delete: deleted now, take the lane.
 			continue
 		}
 		if errors.As(err, &held) {

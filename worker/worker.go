@@ -74,6 +74,11 @@ type Worker struct {
 	// up with the lease not proven taken): lane -> time.Time until which
 	// it may (see owner.leftHeld, drainingForward).
 	mayHold sync.Map
+	// kept holds the lane leases whose release could not delete them
+	// (lane -> *keptLease), so that the lane's next runner on this worker
+	// can take its own lease back at once (see owner.reclaimKept) rather
+	// than wait for it to run out.
+	kept sync.Map
 
 	// backlog is the watcher leader's last inbox backlog count (backlog.go).
 	backlog atomic.Pointer[telemetry.Backlog]
@@ -247,6 +252,12 @@ func (w *Worker) Run(ctx context.Context) error {
 				w.mayHold.Range(func(k, v any) bool {
 					if now.After(v.(time.Time)) {
 						w.mayHold.CompareAndDelete(k, v)
+					}
+					return true
+				})
+				w.kept.Range(func(k, v any) bool {
+					if now.After(v.(*keptLease).until) {
+						w.kept.CompareAndDelete(k, v)
 					}
 					return true
 				})

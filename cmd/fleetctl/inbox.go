@@ -76,7 +76,7 @@ func inboxCommand() *cli.Command {
 					if !rep.ClosedSince.IsZero() {
 						since = fmt.Sprintf("%s (%s ago)", rep.ClosedSince.UTC().Format(time.RFC3339), time.Since(rep.ClosedSince).Round(time.Second))
 					}
-					fmt.Fprintf(c.App.Writer, "CLOSED: %d partitions take no publishes since %s (the ingress answers 503 for their lanes); if no migration is running, run `fleetctl inbox streams %d` to finish it\n",
+					fmt.Fprintf(c.App.Writer, "CLOSED: %d partitions take no publishes since %s (the ingress answers 503 for their lanes); if no migration is running, run `fleetctl inbox streams %d` to finish it (or, when it cannot, to be told which messages keep a partition closed and what to do)\n",
 						len(m.Moving), since, m.Count())
 					for _, mv := range m.Moving {
 						state := "draining its old stream"
