@@ -96,15 +96,27 @@ func TestInboxConsumerRecreatedUnderARunningWorker(t *testing.T) {
 // and one it still owns (lingering) when the stream goes are covered.
 func TestInboxRecreatedUnderARunningWorker(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		linger time.Duration
+		name    string
+		linger  time.Duration
+		workers int
 	}{
-		{"idle lanes", 200 * time.Millisecond},
-		{"owned lanes", time.Minute},
+		{"idle lanes", 200 * time.Millisecond, 1},
+		{"owned lanes", time.Minute, 1},
+		{"two workers", 200 * time.Millisecond, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFleet(t)
-			w := f.startWorker("w1", func(c *worker.Config) { c.Linger = tc.linger })
+			var ws []*worker.Worker
+			for i := 0; i < tc.workers; i++ {
+				ws = append(ws, f.startWorker(fmt.Sprintf("w%d", i+1), func(c *worker.Config) { c.Linger = tc.linger }))
+			}
+			owned := func() int {
+				n := 0
+				for _, w := range ws {
+					n += w.LanesOwned()
+				}
+				return n
+			}
 			chats := []string{"r1", "r2"}
 			sent := map[string][]string{}
 			lanes := map[string]string{}
@@ -119,12 +131,12 @@ func TestInboxRecreatedUnderARunningWorker(t *testing.T) {
 			}
 			if tc.linger < time.Second {
 				natstest.WaitFor(t, 20*time.Second, "lanes released", func() error {
-					if n := w.LanesOwned(); n != 0 {
+					if n := owned(); n != 0 {
 						return fmt.Errorf("%d lanes owned", n)
 					}
 					return nil
 				})
-			} else if n := w.LanesOwned(); n != len(chats) {
+			} else if n := owned(); n != len(chats) {
 				t.Fatalf("%d lanes owned, want %d", n, len(chats))
 			}
 			newID := f.recreateInbox()
