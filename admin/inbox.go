@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -56,8 +57,10 @@ const (
 
 // MigrateReport says what a migration did.
 type MigrateReport struct {
-	From  int `json:"from"`
-	To    int `json:"to"`
+	From int `json:"from"`
+	To   int `json:"to"`
+	// Moved counts the partition moves made, each time a partition moved
+	// again (see strays) included.
 	Moved int `json:"moved"`
 	// Drain is the longest time one batch waited for its old stream's
 	// messages to be committed.
@@ -150,11 +153,18 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 	// A migration stopped half-way finishes its moves first.
 	if len(mg.m.Moving) > 0 {
 		d, err := mg.move(ctx, mg.m.Moving)
+		rep.Moved += d.moved
+		rep.Drain = max(rep.Drain, d.drain)
 		if err != nil {
 			return rep, err
 		}
-		rep.Moved += len(d.moved)
-		rep.Drain = max(rep.Drain, d.drain)
+	}
+	// A first look for messages left in the streams partitions moved out of
+	// (see strays): one an earlier migration's last look missed must not be
+	// in a stream its partition moves into now, where its lanes would read
+	// it first, after their newer messages.
+	if err := mg.lookAll(ctx, &rep); err != nil {
+		return rep, err
 	}
 
 	// Grow: add the new streams (parked: no partition yet), and give every
@@ -205,25 +215,18 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 	for len(moves) > 0 {
 		n := min(o.Batch, len(moves))
 		d, err := mg.move(ctx, moves[:n])
+		rep.Moved += d.moved
+		rep.Drain = max(rep.Drain, d.drain)
 		if err != nil {
 			return rep, err
 		}
-		rep.Moved += len(d.moved)
-		rep.Drain = max(rep.Drain, d.drain)
 		moves = moves[n:]
 	}
 
 	// A last look for messages left in the streams partitions moved out
-	// of (see strays), until none is found.
-	for {
-		n, d, err := mg.strays(ctx, mg.misplaced())
-		rep.Drain = max(rep.Drain, d)
-		if err != nil {
-			return rep, err
-		}
-		if n == 0 {
-			break
-		}
+	// of (see strays).
+	if err := mg.lookAll(ctx, &rep); err != nil {
+		return rep, err
 	}
 	// The drain markers served their purpose.
 	for i := 0; i < mg.m.Streams; i++ {
@@ -349,7 +352,7 @@ func (mg *migration) write(ctx context.Context, next broker.InboxMap) error {
 }
 
 type moveResult struct {
-	moved []broker.Move
+	moved int // partition moves made: the batch once opened, and moves again (strays)
 	drain time.Duration
 }
 
@@ -428,6 +431,28 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 			if err := mg.step(stepDrained); err != nil {
 				return res, err
 			}
+			// A partition not yet flipped must find its new stream
+			// holding nothing of it: a message left there (stored after
+			// an earlier look for such messages, see strays) would be read
+			// first by its lanes, which start the stream from its first
+			// message, after their newer ones. (A flipped partition, of a
+			// run stopped between an open's subject change and its map
+			// write, may hold messages there: see the purge's residue.)
+			// The batch is reopened, the partition in its old stream; the
+			// first look of the command run again moves it as a stray.
+			for _, mv := range pending {
+				if mg.m.Flipped(mv) {
+					continue
+				}
+				to := f.Names.InboxStreamAt(mv.To)
+				seq, found, err := mg.purgeAnswered(ctx, mv.To, mv.P)
+				if err != nil {
+					return res, mg.reopen(ctx, fmt.Errorf("partition %d in its new stream %s: %w", mv.P, to, err))
+				}
+				if found {
+					return res, mg.reopen(ctx, fmt.Errorf("partition %d: its new stream %s holds message %d of it, stored there after an earlier look for such messages: the batch was reopened; run the command again, which looks at it first", mv.P, to, seq))
+				}
+			}
 			// 4. flip, with each partition's purge bound.
 			next := mg.m.Clone()
 			for i, mv := range next.Moving {
@@ -456,19 +481,24 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 		}
 		// Messages stored past the bound: back to the old stream, still
 		// closed, and drain again; but, as in reopen, only when the new
-		// stream holds nothing of the partition (a run stopped between an
-		// open's subject change and its map write let it take publishes,
-		// which its lanes may have committed there: back in the old stream
-		// they would be answered again, and the message left there after
-		// them). A partition with messages in both streams stays closed.
+		// stream holds nothing of the partition: its lanes may have
+		// committed messages there, which back in the old stream would be
+		// answered again, and the message left there after them. That takes
+		// a run stopped between an open's subject change and its map write
+		// (the new stream took publishes), or a partition moved again for a
+		// message found in its old stream after its open (see strays),
+		// whose lanes went on in the new stream. A partition with messages
+		// in both streams stays closed.
 		for p := range residue {
 			mv := mg.m.Moving[slices.IndexFunc(mg.m.Moving, func(mv broker.Move) bool { return mv.P == p })]
-			_, found, err := nextOf(ctx, f.JS, f.Names.InboxStreamAt(mv.To), f.Names.InboxPartitionSubject(p), 1)
+			to := f.Names.InboxStreamAt(mv.To)
+			_, found, err := nextOf(ctx, f.JS, to, f.Names.InboxPartitionSubject(p), 1)
 			if err != nil {
-				return res, fmt.Errorf("partition %d in %s: %w (the batch stays closed until the command is run again)", p, f.Names.InboxStreamAt(mv.To), err)
+				return res, fmt.Errorf("partition %d in %s: %w (the batch stays closed until the command is run again)", p, to, err)
 			}
 			if found {
-				return res, mg.reopen(ctx, ErrInBothStreams)
+				return res, mg.reopen(ctx, fmt.Errorf("%w: partition %d, old stream %s, new stream %s (the batch was reopened; run the command again)",
+					errPastBoundAndNew, p, f.Names.InboxStreamAt(mv.From), to))
 			}
 		}
 		back := mg.m.Clone()
@@ -503,13 +533,14 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 	if err := mg.step(stepOpened); err != nil {
 		return res, err
 	}
+	res.moved = len(batch)
 	// A last look at the old streams (see strays).
-	_, d, err := mg.strays(ctx, opened)
+	n, d, err := mg.strays(ctx, opened)
+	res.moved += n
 	res.drain = max(res.drain, d)
 	if err != nil {
 		return res, err
 	}
-	res.moved = batch
 	mg.log.Info("inbox partitions moved", slog.Int("partitions", len(batch)), slog.Duration("drain", res.drain))
 	return res, nil
 }
@@ -518,8 +549,9 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 // partitions of moves (open in their new stream) in their old stream, and
 // moves each partition found there again, as one whose purge found a
 // message past its bound: closed, back to its old stream (if its new stream
-// holds nothing of it yet), drained, flipped, purged and opened; it returns
-// how many it moved again and the longest drain.
+// holds nothing of it yet), drained, flipped, purged and opened, o.Batch
+// partitions at a time; it returns how many moves it made (those of moves
+// again that found more included) and the longest drain.
 //
 // The marker bounds what the stream leader that answered the close can
 // store of a closed partition (see mark). On a replicated stream, a replica
@@ -528,11 +560,16 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 // stored in the old stream past the marker; stored after the purge's last
 // check, it would stay there unanswered (the partition's lanes are read
 // from the new stream). The migration looks after each batch's open and,
-// for every stream and every partition assigned to another one, once more
-// before its last map write (which also covers a run stopped between an
-// open and its look). A partition with messages in both streams by then
-// stays closed and the migration fails (ErrInBothStreams, see reopen):
-// nothing is deleted or answered out of order by the migration itself.
+// for every stream and every partition assigned to another one, once at
+// its start (a message an earlier migration's last look missed: its
+// partition may be about to move back into that stream, where its lanes
+// would read it first, after their newer messages) and once more before its
+// last map write (which also covers a run stopped between an open and its
+// look). A partition with messages in both streams by then stays closed
+// and the migration fails (ErrInBothStreams, see reopen): nothing is
+// deleted or answered out of order by the migration itself. A message its
+// lane committed in the old stream (an owner still bound there) is purged
+// (see purge).
 func (mg *migration) strays(ctx context.Context, moves []broker.Move) (int, time.Duration, error) {
 	f := mg.f
 	var again []broker.Move
@@ -552,28 +589,91 @@ func (mg *migration) strays(ctx context.Context, moves []broker.Move) (int, time
 			again = append(again, broker.Move{P: mv.P, From: mv.From, To: mv.To, Drained: &zero})
 		}
 	}
-	if len(again) == 0 {
-		return 0, 0, nil
+	moved := 0
+	var drain time.Duration
+	for len(again) > 0 {
+		n := min(mg.o.Batch, len(again))
+		d, err := mg.move(ctx, again[:n])
+		moved += d.moved
+		drain = max(drain, d.drain)
+		if err != nil {
+			return moved, drain, fmt.Errorf("partitions %v had a message in their old stream after their move: %w", partitionsOf(again[:n]), err)
+		}
+		again = again[n:]
 	}
-	d, err := mg.move(ctx, again)
-	if err != nil {
-		return 0, d.drain, fmt.Errorf("partitions %v had a message in their old stream after their move: %w", partitionsOf(again), err)
-	}
-	return len(again), d.drain, nil
+	return moved, drain, nil
 }
 
-// misplaced lists, as moves, every stream's partitions assigned to another
-// stream, for strays' last look.
-func (mg *migration) misplaced() []broker.Move {
-	var out []broker.Move
-	for i := 0; i < mg.m.Streams; i++ {
-		for p, s := range mg.m.Assign {
-			if s != i && mg.m.IsOpen(p) {
-				out = append(out, broker.Move{P: p, From: i, To: s})
-			}
+// lookAll runs strays over every stream's misplaced partitions until it
+// finds none, adding its moves and drains to rep.
+func (mg *migration) lookAll(ctx context.Context, rep *MigrateReport) error {
+	for {
+		moves, err := mg.misplaced(ctx)
+		if err != nil {
+			return err
+		}
+		n, d, err := mg.strays(ctx, moves)
+		rep.Moved += n
+		rep.Drain = max(rep.Drain, d)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
 		}
 	}
-	return out
+}
+
+// misplaced lists, as moves, the open partitions that a stream holds
+// messages of while the map assigns them to another stream, for strays
+// (which confirms each from the stream's leader). One stream info request
+// per stream, with the subjects of the inbox wildcard; the stream's leader
+// answers it but for a group without one, so strays' look can miss a
+// message only a replica that lags has not stored yet.
+func (mg *migration) misplaced(ctx context.Context) ([]broker.Move, error) {
+	f := mg.f
+	var out []broker.Move
+	for i := 0; i < mg.m.Streams; i++ {
+		name := f.Names.InboxStreamAt(i)
+		st, err := f.JS.Stream(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("inbox stream %s: %w", name, err)
+		}
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(f.Names.InboxWildcard()))
+		if err != nil {
+			return nil, fmt.Errorf("inbox stream %s: %w", name, err)
+		}
+		var ps []int
+		for subj := range info.State.Subjects {
+			p, ok := partitionOf(f.Names, subj)
+			if !ok || p >= len(mg.m.Assign) || mg.m.Assign[p] == i || !mg.m.IsOpen(p) || slices.Contains(ps, p) {
+				continue
+			}
+			ps = append(ps, p)
+		}
+		slices.Sort(ps)
+		for _, p := range ps {
+			out = append(out, broker.Move{P: p, From: i, To: mg.m.Assign[p]})
+		}
+	}
+	return out, nil
+}
+
+// partitionOf is the partition of an inbox subject (<prefix>.in.<p>.<lane>).
+func partitionOf(names broker.Names, subj string) (int, bool) {
+	rest, ok := strings.CutPrefix(subj, names.Prefix()+".in.")
+	if !ok {
+		return 0, false
+	}
+	ps, _, ok := strings.Cut(rest, ".")
+	if !ok {
+		return 0, false
+	}
+	p, err := strconv.Atoi(ps)
+	if err != nil || p < 0 {
+		return 0, false
+	}
+	return p, true
 }
 
 func partitionsOf(moves []broker.Move) []int {
@@ -680,8 +780,11 @@ func (mg *migration) purgeMarkers(ctx context.Context, i int) error {
 // after the open, see strays) stays closed: no stream can take it without
 // answering a message out of order or twice, and running the command again
 // does not change that; the error (ErrInBothStreams) names the messages and
-// what an operator can do. A flipped partition whose new stream could not
-// be read stays closed too, until the command is run again; so does one
+// what an operator can do. Only then is the error ErrInBothStreams: when
+// reopen finds no such partition (the message was answered or removed
+// since), it returns cause. A flipped partition whose new stream or old
+// message could not be read stays closed too, until the command is run
+// again (the error says why); so does one
 // flipped by a version that recorded no bound: its old stream was never
 // purged, and a lane taken there again would start from its first message
 // (an owner binding to another stream reads it from the start), answering
@@ -696,7 +799,7 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 	}
 	back := mg.m.Clone()
 	back.Moving = nil
-	var both []string
+	var both, unread []string
 	for _, mv := range mg.m.Moving {
 		switch {
 		case !mg.m.Flipped(mv):
@@ -705,6 +808,10 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 		case !residue[mv.P]:
 		default:
 			desc, found, err := mg.inBoth(ctx, mv)
+			if err != nil {
+				mg.log.Warn("inbox partition with a message past its drain's bound stays closed", slog.Int("partition", mv.P), slog.Any("error", err))
+				unread = append(unread, fmt.Sprintf("partition %d: %v", mv.P, err))
+			}
 			if err != nil || found {
 				back.Moving = append(back.Moving, mv)
 				if found {
@@ -714,6 +821,10 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 			}
 			back.Assign[mv.P] = mv.From
 		}
+	}
+	why := ""
+	if len(unread) > 0 {
+		why = "; " + strings.Join(unread, "; ")
 	}
 	for _, i := range streamsOf(mg.m.Moving, true, true) {
 		if err := broker.SetInboxSubjects(ctx, f.JS, f.Names, back, i); err != nil {
@@ -729,22 +840,30 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 		}
 		err := fmt.Errorf("%w: %s. %s", ErrInBothStreams, strings.Join(both, "; "), inBothRecovery)
 		if n := len(back.Moving) - len(both); n > 0 {
-			err = fmt.Errorf("%w (%d other partitions stay closed until the command is run again)", err, n)
+			err = fmt.Errorf("%w (%d other partitions stay closed until the command is run again%s)", err, n, why)
 		}
-		if errors.Is(cause, ErrInBothStreams) {
+		if errors.Is(cause, errPastBoundAndNew) {
 			return err
 		}
 		return fmt.Errorf("%w (%w)", cause, err)
 	}
 	if len(back.Moving) > 0 {
-		return fmt.Errorf("%w (%d partitions that no one stream can take yet stay closed until the command is run again)", cause, len(back.Moving))
+		return fmt.Errorf("%w (%d partitions that no one stream can take yet stay closed until the command is run again%s)", cause, len(back.Moving), why)
 	}
 	return cause
 }
 
+// errPastBoundAndNew is move's cause for reopen when a partition's purge
+// found a message past its bound in its old stream and its new stream holds
+// messages of it: reopen returns ErrInBothStreams when it still finds that
+// (its own purge and inBoth), and this cause when it does not (the message
+// was answered or removed since: the command run again goes on).
+var errPastBoundAndNew = errors.New("a moving partition had messages past its drain's bound in its old stream and messages in its new stream")
+
 // ErrInBothStreams is returned when a moving partition has a message left
-// in its old stream (stored past its drain's bound, or after the open) and
-// messages in its new stream: it stays closed.
+// in its old stream (stored past its drain's bound, or after the open, or
+// after an earlier migration's last look), not committed, and messages in
+// its new stream: it stays closed.
 var ErrInBothStreams = errors.New("inbox partitions with messages in both their old and their new stream stay closed: no stream can take one without answering a message out of order or twice, and running the command again does not change that")
 
 // inBothRecovery tells the operator what can be done about ErrInBothStreams.
@@ -753,11 +872,12 @@ const inBothRecovery = "Nothing was deleted. Inspect each such message (nats str
 	"(the message is then answered only if posted again, after the lane's newer messages if it has any)"
 
 // inBoth reports whether mv's partition has messages in its new stream
-// while its old stream still holds one (which purge found past the bound;
-// an error if it is gone since), and if so describes them: the partition, the first message left in the
-// old stream, its lane, and whether that lane has messages in the new
-// stream, committed or not (committed ones came after the message left
-// behind, which can then no longer be answered in order).
+// while its old stream still holds one (which purge found past the bound,
+// not committed; an error if it is gone since), and if so describes them:
+// the partition, the first message left in the old stream, its lane, how
+// many more of the partition are left there, and whether that lane has
+// messages in the new stream, committed or not (committed ones came after
+// the message left behind, which can then no longer be answered in order).
 func (mg *migration) inBoth(ctx context.Context, mv broker.Move) (string, bool, error) {
 	f := mg.f
 	oldName, newName := f.Names.InboxStreamAt(mv.From), f.Names.InboxStreamAt(mv.To)
@@ -770,14 +890,28 @@ func (mg *migration) inBoth(ctx context.Context, mv broker.Move) (string, bool, 
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		// Removed since the purge looked: the re-run's purge opens it in
 		// its new stream.
-		return "", false, fmt.Errorf("partition %d: nothing left in its old stream %s now", mv.P, oldName)
+		return "", false, fmt.Errorf("nothing left in its old stream %s now", oldName)
 	}
 	if err != nil {
 		return "", false, err
 	}
 	lane := strings.TrimPrefix(left.Subject, fmt.Sprintf("%s.in.%d.", f.Names.Prefix(), mv.P))
-	desc := fmt.Sprintf("partition %d: message %d of lane %s left in its old stream %s, and messages in its new stream %s from seq %d on",
-		mv.P, left.Sequence, lane, oldName, newName, first)
+	more := ""
+	if old, err := f.JS.Stream(ctx, oldName); err != nil {
+		return "", false, err
+	} else if info, err := old.Info(ctx, jetstream.WithSubjectFilter(subj)); err != nil {
+		return "", false, err
+	} else {
+		var n uint64 // State.Msgs counts the whole stream
+		for _, c := range info.State.Subjects {
+			n += c
+		}
+		if n > 1 {
+			more = fmt.Sprintf(" (and %d more of the partition)", n-1)
+		}
+	}
+	desc := fmt.Sprintf("partition %d: message %d of lane %s left in its old stream %s%s, and messages in its new stream %s from seq %d on",
+		mv.P, left.Sequence, lane, oldName, more, newName, first)
 	laneFirst, found, err := nextOf(ctx, f.JS, newName, left.Subject, 1)
 	if err != nil {
 		return "", false, err
@@ -801,8 +935,9 @@ func (mg *migration) inBoth(ctx context.Context, mv broker.Move) (string, bool, 
 }
 
 // purge removes each flipped move's partition from its old stream up to the
-// bound its drain recorded, and returns the partitions that still have
-// messages there: stored past the bound, never committed.
+// bound its drain recorded, and then the messages past it that their lanes
+// committed there (see purgeAnswered), and returns the partitions that
+// still have messages there: stored past the bound, not committed.
 func (mg *migration) purge(ctx context.Context) (map[int]bool, error) {
 	f := mg.f
 	var residue map[int]bool
@@ -821,7 +956,7 @@ func (mg *migration) purge(ctx context.Context) (map[int]bool, error) {
 				return nil, fmt.Errorf("purge partition %d from %s up to %d: %w", mv.P, name, b, err)
 			}
 		}
-		seq, found, err := nextOf(ctx, f.JS, name, subj, 1)
+		seq, found, err := mg.purgeAnswered(ctx, mv.From, mv.P)
 		if err != nil {
 			return nil, fmt.Errorf("partition %d in %s after its purge: %w", mv.P, name, err)
 		}
@@ -835,6 +970,58 @@ func (mg *migration) purge(ctx context.Context) (map[int]bool, error) {
 		}
 	}
 	return residue, nil
+}
+
+// purgeAnswered removes from inbox stream i the messages of partition p
+// that their lanes committed there (the lane's entry counts in stream i, up
+// to or past them): answered, they are neither left behind nor to be posted
+// again (an owner still bound to a partition's old stream after the flip
+// can answer a message stored there past the bound). It returns the seq of
+// the partition's first message left in the stream, from its leader.
+func (mg *migration) purgeAnswered(ctx context.Context, i, p int) (uint64, bool, error) {
+	f := mg.f
+	name := f.Names.InboxStreamAt(i)
+	subj := f.Names.InboxPartitionSubject(p)
+	seq, found, err := nextOf(ctx, f.JS, name, subj, 1)
+	if err != nil || !found {
+		return seq, found, err
+	}
+	st, err := f.JS.Stream(ctx, name)
+	if err != nil {
+		return 0, false, err
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subj))
+	if err != nil {
+		return 0, false, err
+	}
+	id := info.Config.Metadata[broker.InboxIDMetadata]
+	prefix := fmt.Sprintf("%s.in.%d.", f.Names.Prefix(), p)
+	purged := false
+	for s := range info.State.Subjects {
+		lane := strings.TrimPrefix(s, prefix)
+		e, _, err := f.Store.Get(ctx, lane)
+		if err != nil && !errors.Is(err, kv.ErrNotFound) {
+			return 0, false, err
+		}
+		if e == nil || id == "" || e.InboxID != id {
+			continue
+		}
+		if laneFirst, found, err := nextOf(ctx, f.JS, name, s, 1); err != nil {
+			return 0, false, err
+		} else if !found || e.CommittedSeq < laneFirst {
+			continue
+		}
+		if err := st.Purge(ctx, jetstream.WithPurgeSubject(s), jetstream.WithPurgeSequence(e.CommittedSeq+1)); err != nil {
+			return 0, false, fmt.Errorf("purge lane %s's committed messages from %s: %w", lane, name, err)
+		}
+		mg.log.Info("inbox: lane's messages committed in a stream its partition is not assigned to purged", slog.String("lane", lane),
+			slog.String("stream", name), slog.Uint64("committed", e.CommittedSeq))
+		purged = true
+	}
+	if !purged {
+		return seq, true, nil
+	}
+	return nextOf(ctx, f.JS, name, subj, 1)
 }
 
 // nextOf is the seq of the first message on subj (a wildcard) at or after

@@ -1047,7 +1047,10 @@ func TestMigrateInboxStrayAfterTheOpen(t *testing.T) {
 				}
 				return nil
 			})
-			_, err := f.fl.MigrateInbox(t.Context(), 2, o)
+			rep, err := f.fl.MigrateInbox(t.Context(), 2, o)
+			if !stopped && rep.Moved != 33 {
+				t.Errorf("the report counts %d moves, want 33 (32 partitions, one of them moved again)", rep.Moved)
+			}
 			if stopped {
 				if !errors.Is(err, errKilled) {
 					t.Fatalf("the stopped migration: %v", err)
@@ -1263,5 +1266,342 @@ func TestMigrateInboxResidueWithMessagesInTheNewStream(t *testing.T) {
 	f.waitCommitted(1, after.Sequence)
 	if users := f.users(); !slices.Equal(users, []string{"first", "newer", "after"}) {
 		t.Fatalf("user entries %q, want first, newer, after", users)
+	}
+}
+
+// useLaneIn makes the fleet's lane one of partition p.
+func (f *migrateFleet) useLaneIn(p int) {
+	for i := 0; ; i++ {
+		chat := fmt.Sprintf("in-%d-%d", p, i)
+		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: chat, ChatType: session.ChatDM, UserID: "u"}
+		key := session.BuildSessionKey(src, session.DefaultKeyOptions())
+		lane := session.LaneToken(key)
+		if session.Partition(f.names.Prefix(), lane) == p {
+			f.chat, f.key, f.lane, f.p = chat, key, lane, p
+			return
+		}
+	}
+}
+
+// TestMigrateInboxStrayFromAnEarlierMigration: a message of a partition
+// stored in a stream it moved out of after that migration's last look (the
+// known limit) is found by the next migration's first look, before the
+// partition moves back into that stream, where its lanes would read it first
+// (they start a stream they did not count in from its first message), after
+// their newer messages. With a newer message of its lane in the partition's
+// stream, the partition closes with ErrInBothStreams, naming the message and
+// how many more of the partition are left there, and nothing is answered
+// out of order; once they are removed, the command finishes. With none,
+// the messages are answered there, in order.
+func TestMigrateInboxStrayFromAnEarlierMigration(t *testing.T) {
+	for _, newer := range []bool{false, true} {
+		t.Run(fmt.Sprintf("newer=%v", newer), func(t *testing.T) {
+			f := newMigrateFleet(t)
+			first := f.post("first")
+			f.waitCommitted(0, first.Sequence)
+			o := admin.MigrateOptions{DrainTimeout: 30 * time.Second}
+			if _, err := f.fl.MigrateInbox(t.Context(), 2, o); err != nil {
+				t.Fatal(err)
+			}
+			stray := f.storeLate("stray")
+			stray2 := f.storeLate("stray2")
+			want := []string{"first", "stray", "stray2", "after"}
+			if newer {
+				n := f.post("newer")
+				if n.Stream != f.names.InboxStreamAt(1) {
+					t.Fatalf("the lane's message after the move went to %s", n.Stream)
+				}
+				f.waitCommitted(1, n.Sequence)
+				want = []string{"first", "newer", "after"}
+				// A message of another partition in stream 0, not counted
+				// with the partition's.
+				h := *f
+				h.useLaneIn(0)
+				h.post("other")
+			}
+			_, err := f.fl.MigrateInbox(t.Context(), 1, o)
+			if newer {
+				checkInBoth(t, f, err, stray.Sequence, "can no longer be answered in order")
+				if !strings.Contains(err.Error(), "(and 1 more of the partition)") {
+					t.Fatalf("the error does not count the other message left: %v", err)
+				}
+				if users := f.users(); !slices.Equal(users, []string{"first", "newer"}) {
+					t.Fatalf("user entries %q, want first, newer", users)
+				}
+				f.removeMsg(0, stray.Sequence)
+				f.removeMsg(0, stray2.Sequence)
+				_, err = f.fl.MigrateInbox(t.Context(), 1, o)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Streams != 1 || m.Migrating() {
+				t.Fatalf("after the migration the map is %s", m)
+			}
+			f.checkSubjects(m)
+			after := f.post("after")
+			f.waitCommitted(0, after.Sequence)
+			if users := f.users(); !slices.Equal(users, want) {
+				t.Fatalf("user entries %q, want %q", users, want)
+			}
+		})
+	}
+}
+
+// TestMigrateInboxStrayInTheStreamAPartitionMovesInto: a message of a
+// partition found in the stream the partition is about to move into (stored
+// there after the migration's first look, before a newer message of its
+// lane was posted and committed in the partition's stream) keeps the
+// partition from flipping: the batch is reopened, the partition open in its
+// stream, and the command fails saying so; run again, its first look closes
+// the partition with ErrInBothStreams. Nothing is answered out of order.
+func TestMigrateInboxStrayInTheStreamAPartitionMovesInto(t *testing.T) {
+	f := newMigrateFleet(t)
+	f.useLaneIn(63) // moves back to stream 0 in the last batch of 8
+	first := f.post("first")
+	f.waitCommitted(0, first.Sequence)
+	o := admin.MigrateOptions{DrainTimeout: 30 * time.Second}
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, o); err != nil {
+		t.Fatal(err)
+	}
+	var stray, newer *jetstream.PubAck
+	o.Batch = 8
+	admin.SetMigrateStep(&o, func(step string) error {
+		if stray != nil || step != "opened" {
+			return nil
+		}
+		stray = f.storeLate("stray")
+		newer = f.post("newer")
+		if newer.Stream != f.names.InboxStreamAt(1) {
+			t.Errorf("the lane's message went to %s", newer.Stream)
+		}
+		f.waitCommitted(1, newer.Sequence)
+		return nil
+	})
+	_, err := f.fl.MigrateInbox(t.Context(), 1, o)
+	if stray == nil {
+		t.Fatalf("no stray was stored: %v", err)
+	}
+	if err == nil || errors.Is(err, admin.ErrInBothStreams) || !strings.Contains(err.Error(), fmt.Sprintf("holds message %d", stray.Sequence)) {
+		t.Fatalf("the migration: %v, want the batch reopened for message %d", err, stray.Sequence)
+	}
+	t.Logf("as expected: %v", err)
+	m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.IsOpen(f.p) || m.Assign[f.p] != 1 {
+		t.Fatalf("the map is %s; want partition %d open in stream 1", m, f.p)
+	}
+	f.checkSubjects(m)
+	if users := f.users(); !slices.Equal(users, []string{"first", "newer"}) {
+		t.Fatalf("user entries %q, want first, newer", users)
+	}
+	o = admin.MigrateOptions{DrainTimeout: 30 * time.Second}
+	_, err = f.fl.MigrateInbox(t.Context(), 1, o)
+	checkInBoth(t, f, err, stray.Sequence, "can no longer be answered in order")
+	f.removeMsg(0, stray.Sequence)
+	if _, err := f.fl.MigrateInbox(t.Context(), 1, o); err != nil {
+		t.Fatal(err)
+	}
+	after := f.post("after")
+	f.waitCommitted(0, after.Sequence)
+	if users := f.users(); !slices.Equal(users, []string{"first", "newer", "after"}) {
+		t.Fatalf("user entries %q, want first, newer, after", users)
+	}
+}
+
+// TestMigrateInboxCommittedStrayIsPurged: a message of a moved partition
+// found in its old stream after the open that its lane committed there (an
+// owner still bound to the old stream answered it; simulated by writing
+// the lane's entry) is purged, not reported as left behind, even when the
+// new stream holds messages of the partition (of another lane): posting it
+// again would answer it twice. The migration finishes.
+func TestMigrateInboxCommittedStrayIsPurged(t *testing.T) {
+	f := newMigrateFleet(t)
+	first := f.post("first")
+	f.waitCommitted(0, first.Sequence)
+	g := f.otherLane()
+
+	var o admin.MigrateOptions
+	o.Batch, o.DrainTimeout = 64, 30*time.Second
+	var late *jetstream.PubAck
+	admin.SetMigrateStep(&o, func(step string) error {
+		if late != nil || step != "opened" {
+			return nil
+		}
+		newer := g.post("newer")
+		g.waitCommitted(1, newer.Sequence)
+		late = f.storeLate("late")
+		st, err := f.js.Stream(t.Context(), f.names.InboxStreamAt(0))
+		if err != nil {
+			return err
+		}
+		// The lane's owner (which bound it to stream 1 at the flip) lets
+		// go of it first: the entry is written as if it had answered the
+		// late message in stream 0 instead.
+		natstest.WaitFor(t, 60*time.Second, "the lane's lease to be released", func() error {
+			l, err := f.fl.ReadLease(t.Context(), f.lane)
+			if err == nil && l != nil {
+				err = fmt.Errorf("held by %s", l.Owner)
+			}
+			return err
+		})
+		_, _, err = f.fl.Store.Mutate(t.Context(), f.lane, nil, 0, nil, func(e *session.SessionEntry) (*session.SessionEntry, error) {
+			if e == nil {
+				return nil, errors.New("the lane has no entry")
+			}
+			e.InboxID, e.CommittedSeq = st.CachedInfo().Config.Metadata[broker.InboxIDMetadata], late.Sequence
+			return e, nil
+		})
+		return err
+	})
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, o); err != nil {
+		t.Fatal(err)
+	}
+	if late == nil {
+		t.Fatal("no late message was stored")
+	}
+	if f.holds(0, late.Sequence) {
+		t.Fatal("the committed message is still in stream 0")
+	}
+	m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Streams != 2 || m.Migrating() {
+		t.Fatalf("after the migration the map is %s", m)
+	}
+	f.checkSubjects(m)
+	checkInboxHolds(t, f.js, f.names, m)
+	after := f.post("after")
+	f.waitCommitted(1, after.Sequence)
+	if users := f.users(); !slices.Equal(users, []string{"first", "after"}) {
+		t.Fatalf("user entries %q, want first, after", users)
+	}
+	if users := g.users(); !slices.Equal(users, []string{"newer"}) {
+		t.Fatalf("the other lane's user entries %q, want newer", users)
+	}
+}
+
+// TestMigrateInboxResidueGoneIsNotInBothStreams: when the message past the
+// drain's bound that made a batch reopen (its partition also has messages
+// in its new stream) is gone by the time the batch reopens, the partition
+// opens in its new stream and the error is not ErrInBothStreams (whose
+// text says running the command again does not help): run again, the
+// command finishes.
+func TestMigrateInboxResidueGoneIsNotInBothStreams(t *testing.T) {
+	f := newMigrateFleet(t)
+	first := f.post("first")
+	f.waitCommitted(0, first.Sequence)
+
+	errKilled := errors.New("killed after the open's subject change")
+	var o admin.MigrateOptions
+	o.Batch, o.DrainTimeout = 64, 30*time.Second
+	admin.SetMigrateStep(&o, func(step string) error {
+		if step == "open-subjects" {
+			return errKilled
+		}
+		return nil
+	})
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, o); !errors.Is(err, errKilled) {
+		t.Fatalf("the stopped migration: %v", err)
+	}
+	newer := f.post("newer")
+	f.waitCommitted(1, newer.Sequence)
+	late := f.storeLate("late")
+
+	o = admin.MigrateOptions{DrainTimeout: 30 * time.Second}
+	removed := false
+	admin.SetMigrateStep(&o, func(step string) error {
+		if step == "purged" && !removed {
+			removed = true
+			f.removeMsg(0, late.Sequence)
+		}
+		return nil
+	})
+	_, err := f.fl.MigrateInbox(t.Context(), 2, o)
+	if err == nil || errors.Is(err, admin.ErrInBothStreams) {
+		t.Fatalf("the migration: %v, want an error other than ErrInBothStreams", err)
+	}
+	t.Logf("as expected: %v", err)
+	m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.IsOpen(f.p) || m.Assign[f.p] != 1 {
+		t.Fatalf("the map is %s; want partition %d open in stream 1", m, f.p)
+	}
+	f.checkSubjects(m)
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	after := f.post("after")
+	f.waitCommitted(1, after.Sequence)
+	if users := f.users(); !slices.Equal(users, []string{"first", "newer", "after"}) {
+		t.Fatalf("user entries %q, want first, newer, after", users)
+	}
+}
+
+// TestMigrateInboxStraysMoveInBatches: the look over every stream moves the
+// partitions it finds in a stream they moved out of again o.Batch at a
+// time, each move counted in the report, and their messages are answered
+// in order.
+func TestMigrateInboxStraysMoveInBatches(t *testing.T) {
+	f := newMigrateFleet(t)
+	f.useLaneIn(1)
+	g := *f
+	g.useLaneIn(3) // in the same first batch of 8 as partition 1
+	for _, l := range []*migrateFleet{f, &g} {
+		first := l.post("first")
+		l.waitCommitted(0, first.Sequence)
+	}
+	errKilled := errors.New("killed after the open")
+	var o admin.MigrateOptions
+	o.Batch, o.DrainTimeout = 8, 30*time.Second
+	admin.SetMigrateStep(&o, func(step string) error {
+		if step != "opened" {
+			return nil
+		}
+		f.storeLate("late")
+		g.storeLate("late")
+		return errKilled
+	})
+	if _, err := f.fl.MigrateInbox(t.Context(), 2, o); !errors.Is(err, errKilled) {
+		t.Fatalf("the stopped migration: %v", err)
+	}
+
+	o = admin.MigrateOptions{Batch: 1, DrainTimeout: 30 * time.Second}
+	most := 0
+	admin.SetMigrateStep(&o, func(step string) error {
+		if step == "closed" {
+			m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+			if err != nil {
+				return err
+			}
+			most = max(most, len(m.Moving))
+		}
+		return nil
+	})
+	rep, err := f.fl.MigrateInbox(t.Context(), 2, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if most != 1 {
+		t.Fatalf("a close took %d partitions, want at most 1 (the batch)", most)
+	}
+	if rep.Moved != 24+2 {
+		t.Fatalf("the report counts %d moves, want 26 (24 partitions left to move, 2 moved again)", rep.Moved)
+	}
+	for _, l := range []*migrateFleet{f, &g} {
+		after := l.post("after")
+		l.waitCommitted(1, after.Sequence)
+		if users := l.users(); !slices.Equal(users, []string{"first", "late", "after"}) {
+			t.Fatalf("lane %s: user entries %q, want first, late, after", l.lane, users)
+		}
 	}
 }

@@ -133,10 +133,6 @@ type owner struct {
 	pauseTag string
 	// lastWriteErr is the last failed durable write (see settle).
 	lastWriteErr error
-	// leaseKept is set by a release whose delete of the lease failed: the
-	// key still names this worker, so what the lane hands back from then
-	// on goes with a delay (runner only).
-	leaseKept bool
 
 	// tx and agents are the sessions this ownership loaded (transcript
 	// tail and warm agent), returned to the worker's cache when it ends
@@ -175,7 +171,6 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 	o.lost.Store(false)
 	o.taken.Store(false)
 	o.triedAt.Store(0)
-	o.leaseKept = false
 	o.live.Store(lease.Live)
 	o.renewedAt.Store(int64(lease.Renewed.Sub(monoBase)))
 	o.ctx, o.cancel = context.WithCancelCause(w.hardCtx)
@@ -713,7 +708,6 @@ func (o *owner) release() {
 	if err := w.releaseLease(context.WithoutCancel(w.hardCtx), o.lease); err != nil {
 		o.log.Warn("release lease", slog.Any("error", err))
 		until := o.leftHeld()
-		o.leaseKept = true
 		kept := *o.lease
 		w.kept.Store(o.lane, &keptLease{lease: &kept, until: until})
 	}
@@ -745,10 +739,12 @@ func (o *owner) release() {
 }
 
 // handBackDelay is the delay of a delivery the lane hands back once it
-// released: none, or fwdBackDelay when the release could not delete the
-// lease (leaseKept).
+// released: none, or fwdBackDelay while a lease of the lane that a release
+// could not delete may still name this worker (Worker.kept: set by that
+// release, dropped by a take-back or once the lease could have run out), so
+// a redelivery now would only be forwarded back here.
 func (o *owner) handBackDelay() time.Duration {
-	if o.leaseKept {
+	if _, ok := o.w.kept.Load(o.lane); ok {
 		return fwdBackDelay
 	}
 	return 0
@@ -807,8 +803,10 @@ func (o *owner) reclaimKept(held *kv.HeldError) bool {
 		o.log.Warn("release kept lease", slog.Any("error", err))
 		return false
 	}
+	// mayHold stays until begin clears it or it runs out: the delete may
+	// have been judged done from a read that lagged (Release resolves a
+	// conflict by a read), and the lease still be there.
 	w.kept.CompareAndDelete(o.lane, v)
-	w.mayHold.Delete(o.lane)
 	o.log.Debug("kept lease deleted; taking the lane again", slog.Uint64("epoch", lease.Epoch))
 	return true
 }

@@ -128,7 +128,7 @@ Set nats.inbox_streams to N (or 0) in the configuration of processes started aft
 				if c.Bool("json") {
 					return printJSON(c.App.Writer, rep)
 				}
-				fmt.Fprintf(c.App.Writer, "inbox streams: %d -> %d, %d partitions moved in %s (longest drain %s)\n", rep.From, rep.To, rep.Moved, rep.Took.Round(1e6), rep.Drain.Round(1e6))
+				fmt.Fprintf(c.App.Writer, "inbox streams: %d -> %d, %d partition moves in %s (longest drain %s)\n", rep.From, rep.To, rep.Moved, rep.Took.Round(1e6), rep.Drain.Round(1e6))
 				return nil
 			},
 		}},
