@@ -221,3 +221,68 @@ func TestProvisionLegacyInboxRefusesAnotherCount(t *testing.T) {
 		t.Fatalf("%d streams, want the legacy one", got)
 	}
 }
+
+// TestInboxSetReopen: Reopen leaves an inbox stream whose identity has not
+// changed as it is; one deleted and made again (a new identity) is replaced
+// by a new Inbox, the old one marked stale, and Changed signals; a stream
+// found missing marks its Inbox stale at once, before it comes back.
+func TestInboxSetReopen(t *testing.T) {
+	srv := natstest.RunServer(t)
+	js := natstest.JetStream(t, srv.Connect(t))
+	n := broker.MustNames("fleet")
+	cfg := broker.ProvisionConfig{Names: n, LeaseTTL: 4 * time.Second, InboxStreams: 2}
+	res, err := broker.Provision(t.Context(), js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := res.Inboxes
+	old := set.ByName(n.InboxStreamAt(1))
+	other := set.ByName(n.InboxStreamAt(0))
+	changed := set.Changed()
+	if in, err := set.Reopen(t.Context(), old, false); err != nil || in != old || old.Stale() {
+		t.Fatalf("reopen of an unchanged stream: %p %v (stale %v), want the same Inbox", in, err, old.Stale())
+	}
+	select {
+	case <-changed:
+		t.Fatal("Changed signalled for an unchanged stream")
+	default:
+	}
+
+	if err := js.DeleteStream(t.Context(), old.Name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := set.Reopen(t.Context(), old, false); !errors.Is(err, jetstream.ErrStreamNotFound) || !old.Stale() {
+		t.Fatalf("reopen of a deleted stream: %v (stale %v), want not found and stale", err, old.Stale())
+	}
+	if set.ByName(old.Name) != old {
+		t.Fatal("the set dropped the stream while it is away")
+	}
+	if _, err := broker.Provision(t.Context(), js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	in, err := set.Reopen(t.Context(), old, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in == old || in.ID == old.ID || in.Stale() || in.Consumer == nil || set.ByName(old.Name) != in {
+		t.Fatalf("reopened %+v, was %+v: want a new Inbox with a new identity, in the set", in, old)
+	}
+	select {
+	case <-changed:
+	default:
+		t.Fatal("Changed did not signal the new incarnation")
+	}
+	if set.ByName(other.Name) != other || other.Stale() {
+		t.Fatal("the other stream changed")
+	}
+	// A second reader with the old Inbox gets the new one, no second
+	// replacement.
+	if again, err := set.Reopen(t.Context(), old, false); err != nil || again != in {
+		t.Fatalf("second reopen: %p %v, want %p", again, err, in)
+	}
+	// gone: the consumer reported deleted; the stream kept its identity.
+	fresh, err := set.Reopen(t.Context(), in, true)
+	if err != nil || fresh == in || fresh.ID != in.ID || !in.Stale() || set.ByName(in.Name) != fresh {
+		t.Fatalf("reopen gone: %+v %v", fresh, err)
+	}
+}

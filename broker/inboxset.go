@@ -16,6 +16,13 @@ import (
 
 // Inbox is one inbox stream with its identity and, for workers, its
 // workers consumer.
+//
+// An Inbox stands for one incarnation of its stream: a stream deleted and
+// made again under the same name (its seqs start again at 1, with a new
+// identity) is another Inbox (see InboxSet.Reopen). Stream and Consumer
+// address the stream and consumer by name, so they reach whichever
+// incarnation exists: once Stale, nothing may be read through them as this
+// incarnation's.
 type Inbox struct {
 	Index  int
 	Name   string
@@ -24,7 +31,14 @@ type Inbox struct {
 	// Consumer is the stream's workers consumer (nil when the set was
 	// opened without consumers).
 	Consumer jetstream.Consumer
+	// stale is set when this incarnation is known to be gone or in doubt.
+	stale atomic.Bool
 }
+
+// Stale reports whether the incarnation is known to be gone or in doubt
+// (its workers consumer was deleted, or the stream found with another
+// identity): its seqs, reads and deliveries count for nothing now.
+func (in *Inbox) Stale() bool { return in.stale.Load() }
 
 // InboxSet is a process's view of the inbox map and the streams it names.
 // Readers ask it for a lane's stream; Watch keeps it current while the map
@@ -109,15 +123,18 @@ func (s *InboxSet) apply(ctx context.Context, m InboxMap, rev uint64) error {
 		return nil
 	}
 	opened := map[int]*Inbox{}
+	kept := map[int]bool{}
 	for i := 0; i < m.Streams; i++ {
 		s.mu.RLock()
 		in := s.streams[i]
 		s.mu.RUnlock()
-		if in == nil {
+		if in == nil || in.Stale() {
 			var err error
 			if in, err = s.open(ctx, i); err != nil {
 				return err
 			}
+		} else {
+			kept[i] = true
 		}
 		opened[i] = in
 	}
@@ -125,6 +142,12 @@ func (s *InboxSet) apply(ctx context.Context, m InboxMap, rev uint64) error {
 	defer s.mu.Unlock()
 	if rev <= s.rev {
 		return nil
+	}
+	for i := range kept {
+		// A stream Reopen replaced meanwhile keeps its newer incarnation.
+		if cur := s.streams[i]; cur != nil && cur != opened[i] {
+			opened[i] = cur
+		}
 	}
 	s.m, s.rev, s.streams = m, rev, opened
 	close(s.changed)
@@ -149,6 +172,50 @@ func (s *InboxSet) open(ctx context.Context, i int) (*Inbox, error) {
 		}
 	}
 	return in, nil
+}
+
+// Reopen reads inbox stream in again and makes the set name what it finds:
+// for a reader that met a sign that in's incarnation is gone (gone: its
+// workers consumer reported deleted) or in doubt (a seq or identity that
+// does not fit). When the stream has another identity than in, or gone is
+// set, in is marked Stale at once (before the read: nothing goes on using
+// it while the stream is away) and the set takes a new Inbox, with new
+// handles, in its place; Changed then signals. Otherwise in stays, and is
+// returned. An error (the stream not there yet, while it is recreated)
+// leaves in in the set, Stale if gone or if the stream was not found: the
+// caller tries again.
+func (s *InboxSet) Reopen(ctx context.Context, in *Inbox, gone bool) (*Inbox, error) {
+	if gone {
+		in.stale.Store(true)
+	}
+	fresh, err := s.open(ctx, in.Index)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		// Deleted: whatever comes back under its name is another.
+		in.stale.Store(true)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if fresh.ID == in.ID && !gone && !in.Stale() {
+		return in, nil
+	}
+	in.stale.Store(true)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur := s.streams[in.Index]
+	switch {
+	case cur == nil:
+		// The map no longer names it (a migration removed it).
+		return fresh, nil
+	case cur != in && !cur.Stale() && cur.ID == fresh.ID:
+		// Another reader reopened it first.
+		return cur, nil
+	}
+	cur.stale.Store(true)
+	s.streams[in.Index] = fresh
+	close(s.changed)
+	s.changed = make(chan struct{})
+	return fresh, nil
 }
 
 // Watch keeps the set current until ctx ends: each stored change of the map

@@ -487,6 +487,14 @@ func (s *Server) accepted(rctx context.Context, m *inboxMessage) (*acceptRespons
 	pctx, pcancel := s.opCtx(rctx)
 	ref := kv.MsgRef{Seq: ack.Sequence}
 	if in := s.inboxNamed(pctx, ack.Stream); in != nil {
+		// The identity read again (a rare path): one this process read
+		// before the stream was recreated would name another stream, and
+		// the worker's claim would take the message for a duplicate of it.
+		in, err = s.recheckInbox(pctx, in)
+		if err != nil {
+			pcancel()
+			return nil, unavailable("the message was stored but its inbox stream could not be read to replace its unreadable id record; retry", err)
+		}
 		ref.Inbox = in.ID
 	}
 	_, err = s.res.MsgIDs.Put(pctx, s.msgIDs.Key(m.inbound.PlatformMsgID), ref.Encode())
@@ -509,7 +517,29 @@ func (s *Server) ownRecord(ctx context.Context, ref kv.MsgRef, ack *jetstream.Pu
 		return true
 	}
 	in := s.inboxNamed(ctx, ack.Stream)
+	if in != nil && in.ID != ref.Inbox {
+		// The same seq and another identity: of another stream, or of
+		// this one recreated since this process read its identity. Read
+		// it again (a rare path) before answering a duplicate.
+		if fresh, err := s.recheckInbox(ctx, in); err == nil {
+			in = fresh
+		}
+	}
 	return in != nil && in.ID == ref.Inbox
+}
+
+// recheckInbox reads the identity of inbox stream in again: the set takes
+// the stream's new incarnation if it was recreated (see
+// broker.InboxSet.Reopen).
+func (s *Server) recheckInbox(ctx context.Context, in *broker.Inbox) (*broker.Inbox, error) {
+	if s.res.Inboxes == nil {
+		id, err := broker.InboxID(ctx, s.res.Inbox)
+		if err != nil {
+			return nil, err
+		}
+		return &broker.Inbox{Name: in.Name, ID: id, Stream: s.res.Inbox}, nil
+	}
+	return s.res.Inboxes.Reopen(ctx, in, false)
 }
 
 // publishInbox publishes m to its inbox subject within ctx (an opCtx): e

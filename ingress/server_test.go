@@ -737,3 +737,39 @@ func waitFor(t *testing.T, what string, cond func() error) {
 	t.Helper()
 	natstest.WaitFor(t, waitTimeout, what, cond)
 }
+
+// An inbox stream deleted and made again while the ingress runs (a new
+// identity, seqs from 1): the record the ingress writes for a message names
+// the new stream, not the one it read at start. A record naming the old one
+// would make the worker's msgids claim take the message for a duplicate of
+// the old stream's message at the same seq, and never run it.
+func TestPostMessageCorruptMsgIDRecordAfterInboxRecreated(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	// The ingress has read the stream's identity.
+	wantStatus(t, b.post(t, `{"chat_id":"c1","message_id":"m1","text":"hi"}`), http.StatusAccepted)
+	if err := b.js.DeleteStream(ctx, b.names.InboxStream()); err != nil {
+		t.Fatal(err)
+	}
+	res, err := broker.Provision(ctx, natstest.JetStream(t, b.ns.Connect(t)), broker.ProvisionConfig{Names: b.names})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.InboxID == b.res.InboxID {
+		t.Fatalf("recreated stream kept its identity %s", res.InboxID)
+	}
+	k := session.LaneToken("http:c1:m9")
+	if _, err := b.res.MsgIDs.Put(ctx, k, []byte("garbage")); err != nil {
+		t.Fatal(err)
+	}
+	r := b.post(t, `{"chat_id":"c1","message_id":"m9","text":"again"}`)
+	wantStatus(t, r, http.StatusAccepted)
+	if r.body["duplicate"] != false || seqOf(t, r) != 1 {
+		t.Fatalf("answer %s", r.raw)
+	}
+	if e, err := b.res.MsgIDs.Get(ctx, k); err != nil || string(e.Value()) != "1 "+res.InboxID {
+		t.Fatalf("record %q (%v), want the seq and the new stream's identity %s", e.Value(), err, res.InboxID)
+	}
+}

@@ -14,6 +14,9 @@ var (
 	// errHardStop is the cause that ends an ownership on purpose: a
 	// release, a give-up or the worker's hard stop.
 	errHardStop = errors.New("worker stopping")
+	// errInboxGone: the ownership's inbox stream was deleted (and maybe
+	// made again); see owner.peek.
+	errInboxGone = errors.New("inbox stream recreated")
 	// errNothingSteered marks a steer that failed before it recorded
 	// anything.
 	errNothingSteered = errors.New("no input steered")

@@ -149,7 +149,7 @@ func (w *Worker) subscribeForwards() (unsub func(), err error) {
 		// Never forwarded again from here: a lane this worker does not run
 		// gets a runner, which judges by the lease (and forwards to its
 		// holder, if another worker took it meanwhile).
-		if !w.runLocal(laneTok, d, false) {
+		if !w.runLocal(laneTok, d, w.inboxes.ByName(streamOf(d)), false) {
 			_ = d.NakWithDelay(fwdBackDelay)
 		}
 	})
@@ -179,7 +179,7 @@ func (w *Worker) subscribeForwards() (unsub func(), err error) {
 func (w *Worker) drainingForward(laneTok string, d jetstream.Msg) {
 	w.mu.Lock()
 	l := w.lanes[laneTok]
-	held := l != nil && l.offer(d)
+	held := l != nil && l.offer(d, w.inboxes.ByName(streamOf(d)))
 	w.mu.Unlock()
 	switch {
 	case held:

@@ -64,10 +64,13 @@ type owner struct {
 	tt       atomic.Pointer[turnTrace]
 
 	// Held deliveries: guarded by mu.
-	mu     sync.Mutex
-	held   map[uint64]jetstream.Msg
-	closed bool
-	signal chan struct{}
+	mu   sync.Mutex
+	held map[uint64]jetstream.Msg
+	// heldFrom is the incarnation of the inbox stream the held deliveries
+	// are of (see heldOf).
+	heldFrom *broker.Inbox
+	closed   bool
+	signal   chan struct{}
 
 	// known is the highest inbox seq of the lane heard of without reading
 	// the stream: from post-store hints (their Nats-Sequence) and from
@@ -85,6 +88,12 @@ type owner struct {
 	hintMu sync.Mutex
 	hinted []hintedMsg
 	hints  chan struct{}
+	// committed mirrors the entry's committed_seq for the hint
+	// subscription, which sets suspect on a hint whose lane subject's
+	// previous seq is below it (see keepHint): peek then checks the
+	// stream's identity before it reads.
+	committed atomic.Uint64
+	suspect   atomic.Bool
 
 	// The lease of the current ownership. lease is set by begin before the
 	// renew loop starts; renewDone is closed when that loop ended.
@@ -281,6 +290,9 @@ func (o *owner) mutate(fn kv.MutateFunc, fenced bool) error {
 		return err
 	}
 	o.entry, o.rev = e, rev
+	if e != nil {
+		o.committed.Store(e.CommittedSeq)
+	}
 	return nil
 }
 
@@ -813,8 +825,9 @@ func (o *owner) releaseAndRecheck() bool {
 	if o.moved() {
 		// The lane's partition moved to another stream: take it again
 		// there at once (begin binds the new stream), so what the new
-		// stream holds does not wait for a redelivery.
-		return !o.w.draining()
+		// stream holds does not wait for a redelivery. A stream being
+		// recreated is taken again by a delivery of its new incarnation.
+		return !o.w.draining() && !o.w.inboxes.ForLane(o.lane).Stale()
 	}
 	if o.entry == nil {
 		return false

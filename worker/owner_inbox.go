@@ -42,6 +42,18 @@ func (o *owner) peek(ctx context.Context, seq uint64) (*inboxMsg, error) {
 	if seq == 0 {
 		seq = 1
 	}
+	if in := o.in.Load(); in != nil && o.suspect.Swap(false) {
+		if _, err := o.w.inboxes.Reopen(context.WithoutCancel(ctx), in, false); err != nil {
+			o.suspect.Store(true)
+			return nil, err
+		}
+	}
+	if in := o.in.Load(); in != nil && in.Stale() {
+		// The stream was deleted (and maybe made again): what a read by
+		// its name finds now is not the ownership's stream. The lane is
+		// released (moved) and taken again on the new incarnation.
+		return nil, errInboxGone
+	}
 	if m := o.hintedAt(seq); m != nil {
 		return m, nil
 	}
@@ -100,29 +112,39 @@ func (o *owner) inbox() *broker.Inbox {
 }
 
 // bind fixes the lane's inbox stream for an ownership: the one the map names
-// now. Held deliveries of another stream (the map changed since they were
-// offered) are handed back: their seqs count in another stream.
+// now. Held deliveries of another stream or incarnation (the map changed,
+// or the stream was recreated, since they were offered) are handed back:
+// their seqs count in another stream.
 func (o *owner) bind() *broker.Inbox {
 	in := o.w.inboxes.ForLane(o.lane)
 	o.in.Store(in)
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for s, m := range o.held {
-		if streamOf(m) != in.Name {
-			o.settled("nak", s, m.NakWithDelay(time.Second))
-			delete(o.held, s)
-		}
-	}
+	o.heldOf(in)
 	return in
 }
 
+// heldOf hands back the held deliveries unless they are of inbox stream in
+// (o.mu held), and records that those held from now on are.
+func (o *owner) heldOf(in *broker.Inbox) {
+	if o.heldFrom == in {
+		return
+	}
+	for s, m := range o.held {
+		o.settled("nak", s, m.NakWithDelay(time.Second))
+		delete(o.held, s)
+	}
+	o.heldFrom = in
+}
+
 // moved reports whether the inbox map now puts the lane in another stream
-// than the ownership's (a migration moved its partition): the owner then
-// releases the lane as soon as it is idle, and the next owner reads the new
-// stream.
+// than the ownership's (a migration moved its partition), or the
+// ownership's stream was recreated (a new incarnation, seqs from 1): the
+// owner then releases the lane as soon as it is idle, and the next owner
+// reads the new stream.
 func (o *owner) moved() bool {
 	in := o.in.Load()
-	return in != nil && o.w.inboxes.ForLane(o.lane).Name != in.Name
+	return in != nil && (in.Stale() || o.w.inboxes.ForLane(o.lane) != in)
 }
 
 func streamOf(m jetstream.Msg) string {
@@ -133,20 +155,25 @@ func streamOf(m jetstream.Msg) string {
 	return md.Stream
 }
 
-// offer hands a delivery to the lane; false when the runner has stopped.
-func (o *owner) offer(m jetstream.Msg) bool {
+// offer hands a delivery of inbox stream from to the lane; false when the
+// runner has stopped.
+func (o *owner) offer(m jetstream.Msg, from *broker.Inbox) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
 		return false
 	}
-	if streamOf(m) != o.inbox().Name {
+	if in := o.inbox(); from != in || in.Stale() {
 		// A delivery of another inbox stream than the lane is read from
-		// (its partition moved): its seq means nothing here. Handed back
-		// for the lane's next owner, once this one released.
+		// (its partition moved), or of another incarnation of it (it was
+		// recreated): its seq means nothing here. Handed back for the
+		// lane's next owner, once this one released.
 		o.settled("nak", seqOf(m), m.NakWithDelay(time.Second))
 		return true
 	}
+	// Deliveries held before the set took a newer incarnation of the
+	// stream (before the lane was bound) go back.
+	o.heldOf(from)
 	// A redelivery of a delivery we hold supersedes it.
 	seq := seqOf(m)
 	o.held[seq] = m
@@ -162,6 +189,7 @@ func (o *owner) closeInbox() []jetstream.Msg {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.closed = true
+	o.heldOf(o.inbox())
 	out := make([]jetstream.Msg, 0, len(o.held))
 	for _, m := range o.held {
 		out = append(out, m)
@@ -174,9 +202,13 @@ func (o *owner) closeInbox() []jetstream.Msg {
 // deliveries remain held.
 func (o *owner) ackUpTo(seq uint64) bool {
 	o.dropHinted(seq)
-	name := o.inbox().Name
+	in := o.inbox()
+	name := in.Name
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	// Held deliveries of another incarnation of the stream than the one
+	// seq counts in are handed back, never acked.
+	o.heldOf(in)
 	for s, m := range o.held {
 		if streamOf(m) != name {
 			// Of another stream (the map changed since it was held): seq
@@ -319,6 +351,14 @@ func (o *owner) keepHint(m *nats.Msg) (uint64, bool) {
 		return 0, false
 	}
 	last, err := strconv.ParseUint(m.Header.Get(jetstream.LastSequenceHeader), 10, 64)
+	if err == nil && last < o.committed.Load() {
+		// The lane subject's previous message is below the committed
+		// one: in the stream committed_seq counts in, that one is still
+		// there (only prune purges it, with no owner). The stream was
+		// most likely recreated: the next read checks (see peek).
+		o.suspect.Store(true)
+		return 0, false
+	}
 	if err != nil || last >= seq || m.Header.Get("Nats-Msg-Size") != "" {
 		return seq, true // usable as a hint, not as the message
 	}

@@ -56,6 +56,11 @@ func (w *Worker) pruneEntry(ctx context.Context, r kv.Record) (bool, error) {
 	e := r.Entry
 	subject := w.names.InboxSubject(session.Partition(w.names.Prefix(), r.Lane), r.Lane)
 	in := w.inboxes.ForLane(r.Lane)
+	if in.Stale() {
+		// Being recreated: a purge by its name would reach the new
+		// incarnation, whose seqs committed_seq does not count.
+		return false, nil
+	}
 	if last, err := in.Stream.GetLastMsgForSubject(ctx, subject); err == nil && last.Sequence > e.CommittedSeq {
 		return false, nil // unprocessed work: not prunable
 	}

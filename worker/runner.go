@@ -109,6 +109,13 @@ func (l *lane) run() {
 			l.nakHeld(0)
 			return
 		}
+		if l.w.inboxes.ForLane(l.lane).Stale() {
+			// The lane's inbox stream is being recreated: its new
+			// incarnation's deliveries take the lane once the worker
+			// has it.
+			l.nakHeld(time.Second)
+			return
+		}
 		live := l.w.live.epoch.Load()
 		if !l.w.live.fresh(live) {
 			// No liveness lease to bind a lane lease to (yet, or lost):

@@ -205,7 +205,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	liveDone := make(chan struct{})
 	go func() { defer close(liveDone); w.livenessLoop(liveStop) }()
 	defer func() { close(liveStop); <-liveDone }()
-	pulls := &pullers{w: w, by: map[string]*puller{}}
+	pulls := &pullers{w: w, by: map[string]*puller{}, quit: make(chan struct{})}
 	if err := pulls.reconcile(); err != nil {
 		pulls.stopAll()
 		return err
@@ -279,6 +279,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			running = false
 		case <-w.inboxes.Changed():
+			// A migration changed the map, or an inbox stream was found
+			// recreated (InboxSet.Reopen): the pulls follow.
 			if err := pulls.reconcile(); err != nil {
 				// The map named a stream whose consumer is not there yet:
 				// the next change, or the retry below, picks it up.
@@ -344,10 +346,10 @@ func (w *Worker) laneOf(subject string) (string, bool) {
 	return parts[3], true
 }
 
-// dispatch hands a delivery to the lane's runner, starting one if needed.
-// Starting a runner needs a lane slot: at capacity it blocks, which stops
-// pulling (it never NAKs in a hot loop).
-func (w *Worker) dispatch(msg jetstream.Msg) {
+// dispatch hands a delivery of inbox stream from to the lane's runner,
+// starting one if needed. Starting a runner needs a lane slot: at capacity
+// it blocks, which stops pulling (it never NAKs in a hot loop).
+func (w *Worker) dispatch(from *broker.Inbox, msg jetstream.Msg) {
 	if strings.HasPrefix(msg.Subject(), w.names.InboxControlPrefix()) {
 		// A migration's drain marker (admin.MigrateInbox): no lane's.
 		_ = msg.Ack()
@@ -381,26 +383,28 @@ func (w *Worker) dispatch(msg jetstream.Msg) {
 		}
 		w.heldElsewhere.Delete(laneTok)
 	}
-	w.runLocal(laneTok, msg, true)
+	w.runLocal(laneTok, msg, from, true)
 }
 
-// runLocal hands a delivery to the lane's runner on this worker, starting
-// one if needed. Starting a runner needs a lane slot: at capacity it blocks
-// when block is set, and otherwise reports false (the delivery untouched).
-// A worker that is draining hands the delivery back.
-func (w *Worker) runLocal(laneTok string, msg jetstream.Msg, block bool) bool {
+// runLocal hands a delivery of inbox stream from to the lane's runner on
+// this worker, starting one if needed. Starting a runner needs a lane slot:
+// at capacity it blocks when block is set, and otherwise reports false (the
+// delivery untouched). A worker that is draining hands the delivery back.
+func (w *Worker) runLocal(laneTok string, msg jetstream.Msg, from *broker.Inbox, block bool) bool {
 	w.mu.Lock()
-	if l := w.lanes[laneTok]; l != nil && l.offer(msg) {
+	if l := w.lanes[laneTok]; l != nil && l.offer(msg, from) {
 		w.mu.Unlock()
 		return true
 	}
 	w.mu.Unlock()
-	if in := w.inboxes.ForLane(laneTok); streamOf(msg) != in.Name {
+	if in := w.inboxes.ForLane(laneTok); from != in || in.Stale() {
 		// A delivery of a stream the inbox map does not put the lane in:
 		// this worker has not seen the map a migration just wrote, or
 		// the delivery is of the stream the lane's partition left (drained
-		// and committed, then purged). Handed back: the lane's owner reads
-		// the lane from its stream.
+		// and committed, then purged). Or of another incarnation of the
+		// lane's stream than the one this worker knows (it was deleted
+		// and made again: its seqs count from 1 again). Handed back: the
+		// lane's owner reads the lane from its stream.
 		_ = msg.NakWithDelay(time.Second)
 		return true
 	}
@@ -426,13 +430,13 @@ func (w *Worker) runLocal(laneTok string, msg jetstream.Msg, block bool) bool {
 		<-w.laneSlots
 		return false
 	}
-	if l := w.lanes[laneTok]; l != nil && l.offer(msg) {
+	if l := w.lanes[laneTok]; l != nil && l.offer(msg, from) {
 		w.mu.Unlock()
 		<-w.laneSlots
 		return true
 	}
 	l := newLane(w, laneTok)
-	l.offer(msg)
+	l.offer(msg, from)
 	w.lanes[laneTok] = l
 	w.wg.Add(1)
 	w.mu.Unlock()
@@ -496,30 +500,45 @@ type pullers struct {
 	w       *Worker
 	by      map[string]*puller
 	stopped []*puller
+	// quit is closed by stopAll: a pull loop waiting for its stream to
+	// come back (reopenInbox) stops waiting.
+	quit chan struct{}
 }
 
 type puller struct {
 	in   *broker.Inbox
 	it   jetstream.MessagesContext
 	done chan struct{}
+	quit chan struct{}
 }
 
 // reconcile starts a pull loop for each stream of the map that has none and
-// stops those of streams the map no longer names.
+// stops those of streams the map no longer names, and those of an
+// incarnation of a stream that is no longer the set's (it was recreated:
+// the new pull is on the new incarnation's consumer).
 func (ps *pullers) reconcile() error {
 	want := map[string]bool{}
 	var errs []error
 	for _, in := range ps.w.inboxes.All() {
 		want[in.Name] = true
-		if ps.by[in.Name] != nil {
-			continue
+		if p := ps.by[in.Name]; p != nil {
+			if p.in == in {
+				continue
+			}
+			// What its iterator still buffers is of the old consumer, or
+			// of the new one through a pull the old iterator made: either
+			// way it is dropped here, and the new consumer hands it out
+			// again after its ack wait.
+			p.it.Stop()
+			ps.stopped = append(ps.stopped, p)
+			delete(ps.by, in.Name)
 		}
 		it, err := in.Consumer.Messages(jetstream.PullMaxMessages(4), jetstream.PullExpiry(pullExpiry))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("worker: pull %s: %w", in.Name, err))
 			continue
 		}
-		p := &puller{in: in, it: it, done: make(chan struct{})}
+		p := &puller{in: in, it: it, done: make(chan struct{}), quit: ps.quit}
 		ps.by[in.Name] = p
 		go ps.w.pullLoop(p)
 	}
@@ -553,6 +572,7 @@ func (ps *pullers) wait() {
 }
 
 func (ps *pullers) stopAll() {
+	close(ps.quit)
 	for _, p := range ps.by {
 		p.it.Stop()
 	}
@@ -560,6 +580,13 @@ func (ps *pullers) stopAll() {
 }
 
 // pullLoop hands the deliveries of one inbox stream to their lanes.
+//
+// Each delivery is of the incarnation p.in of the stream (see broker.Inbox)
+// as long as that is the set's: the loop ends when the consumer reports
+// itself deleted, after the set has taken the stream's new incarnation (or
+// marked p.in stale until it can: InboxSet.Reopen), and Run starts a pull
+// on the new one. A delivery that comes through this loop once p.in is not
+// the set's any more is handed back, never compared with a committed seq.
 func (w *Worker) pullLoop(p *puller) {
 	defer close(p.done)
 	for {
@@ -572,6 +599,20 @@ func (w *Worker) pullLoop(p *puller) {
 				return
 			}
 			w.log.Warn("pull", slog.String("stream", p.in.Name), slog.Any("error", err))
+			switch {
+			case errors.Is(err, jetstream.ErrConsumerDeleted):
+				// The consumer is gone, and with it, likely, the stream
+				// (an operator deleted it; provisioning makes it again,
+				// with a new identity and seqs from 1).
+				w.reopenInbox(p.in, p.quit)
+				return
+			case errors.Is(err, jetstream.ErrNoHeartbeat):
+				// The server stopped answering the pull: the consumer
+				// may be gone. Check the stream's identity.
+				if _, err := w.inboxes.Reopen(context.WithoutCancel(w.hardCtx), p.in, false); err != nil {
+					w.log.Warn("check inbox stream", slog.String("stream", p.in.Name), slog.Any("error", err))
+				}
+			}
 			// Never spin on a failing pull: back off briefly.
 			select {
 			case <-w.drainCh:
@@ -583,6 +624,58 @@ func (w *Worker) pullLoop(p *puller) {
 			_ = msg.Nak()
 			continue
 		}
-		w.dispatch(msg)
+		if cur := w.inboxes.ByName(p.in.Name); p.in.Stale() || cur != p.in {
+			// Of an incarnation of the stream that is not the set's: its
+			// seq may count in another stream than the lane's entry.
+			_ = msg.NakWithDelay(time.Second)
+			if cur == p.in {
+				// Known gone, and the set has not the new one yet (a
+				// check found the stream missing): take it now. Run then
+				// replaces this pull.
+				w.reopenInbox(p.in, p.quit)
+			}
+			continue
+		}
+		began := time.Now()
+		w.dispatch(p.in, msg)
+		if time.Since(began) >= awayCheck {
+			// Dispatch waited (for a lane slot, at capacity): the
+			// iterator may have had no pull waiting on the server
+			// meanwhile, so the consumer could have been deleted with no
+			// word to it, and the next pull, which Next sends, would be
+			// served by a consumer made again since: check the stream's
+			// identity first.
+			if _, err := w.inboxes.Reopen(context.WithoutCancel(w.hardCtx), p.in, false); err != nil {
+				w.log.Warn("check inbox stream", slog.String("stream", p.in.Name), slog.Any("error", err))
+			}
+		}
+	}
+}
+
+// awayCheck is how long the pull loop may spend handing one delivery to its
+// lane before it checks the stream's identity (see pullLoop).
+const awayCheck = 500 * time.Millisecond
+
+// reopenInbox makes the set take the new incarnation of in's stream, whose
+// consumer reported itself deleted: in is marked stale at once, and the
+// stream read again until it is back (provisioning makes it again), the
+// worker stops or quit is closed.
+func (w *Worker) reopenInbox(in *broker.Inbox, quit <-chan struct{}) {
+	wait := 250 * time.Millisecond
+	for {
+		fresh, err := w.inboxes.Reopen(context.WithoutCancel(w.hardCtx), in, true)
+		if err == nil {
+			w.log.Warn("inbox stream reopened", slog.String("stream", in.Name), slog.String("inbox_id", fresh.ID), slog.String("was", in.ID))
+			return
+		}
+		w.log.Warn("reopen inbox stream", slog.String("stream", in.Name), slog.Any("error", err))
+		select {
+		case <-w.drainCh:
+			return
+		case <-quit:
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
 	}
 }

@@ -1,0 +1,310 @@
+package worker_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/test/natstest"
+	"github.com/agentfleet/agentfleet/worker"
+)
+
+// recreateInbox deletes the inbox stream (its workers consumer goes with
+// it) and provisions the fleet again from another connection, as a process
+// starting then would: the stream comes back empty, with a new identity,
+// its seqs starting again at 1. It returns the new identity.
+func (f *fleet) recreateInbox() string {
+	f.t.Helper()
+	old := f.inboxID()
+	if err := f.js.DeleteStream(f.t.Context(), f.names.InboxStream()); err != nil {
+		f.t.Fatal(err)
+	}
+	nc := f.srv.Connect(f.t)
+	res, err := broker.Provision(f.t.Context(), natstest.JetStream(f.t, nc), broker.ProvisionConfig{Names: f.names, LeaseTTL: testTTL})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if res.InboxID == old || res.InboxID == "" {
+		f.t.Fatalf("recreated inbox has identity %q (was %q)", res.InboxID, old)
+	}
+	return res.InboxID
+}
+
+func (f *fleet) inboxID() string {
+	f.t.Helper()
+	id, err := broker.InboxID(f.t.Context(), f.res.Inbox)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return id
+}
+
+// TestInboxConsumerRecreatedUnderARunningWorker: the workers consumer alone
+// is deleted and provisioning makes it again (the stream and its identity
+// stay): the worker pulls from the new consumer, and what it hands out
+// again (the whole stream: it delivers from the first seq) is acked as
+// committed, not answered twice.
+func TestInboxConsumerRecreatedUnderARunningWorker(t *testing.T) {
+	f := newFleet(t)
+	w := f.startWorker("w1", nil)
+	var sent []string
+	var lane string
+	for i := 0; i < 3; i++ {
+		text := fmt.Sprintf("before %d", i)
+		var seq uint64
+		lane, seq = f.post("k1", text, fmt.Sprintf("b%d", i))
+		sent = append(sent, text)
+		f.waitCommitted(lane, seq)
+	}
+	id := f.inboxID()
+	if err := f.js.DeleteConsumer(t.Context(), f.names.InboxStream(), f.names.WorkersConsumer()); err != nil {
+		t.Fatal(err)
+	}
+	nc := f.srv.Connect(t)
+	if _, err := broker.Provision(t.Context(), natstest.JetStream(t, nc), broker.ProvisionConfig{Names: f.names, LeaseTTL: testTTL}); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.inboxID(); got != id {
+		t.Fatalf("identity changed %s -> %s", id, got)
+	}
+	// The lane released: only a delivery takes it again.
+	natstest.WaitFor(t, 20*time.Second, "lane released", func() error {
+		if n := w.LanesOwned(); n != 0 {
+			return fmt.Errorf("%d lanes owned", n)
+		}
+		return nil
+	})
+	// One at a time: a message that comes while the turn of the one
+	// before runs would interrupt it (busy mode interrupt), and its answer
+	// would cover only the later one.
+	for i := 0; i < 2; i++ {
+		text := fmt.Sprintf("after %d", i)
+		_, seq := f.post("k1", text, fmt.Sprintf("a%d", i))
+		sent = append(sent, text)
+		f.waitCommitted(lane, seq)
+	}
+	f.checkAnsweredOnce(lane, sent...)
+}
+
+// TestInboxRecreatedUnderARunningWorker: an operator deletes the inbox
+// stream and provisioning recreates it (new identity, seqs from 1) while a
+// worker runs, with lanes whose entries committed seqs above what the new
+// stream will reach. Every message sent after that is answered once, in
+// order: none is taken for committed because its seq is at most the
+// committed seq of the old stream. Both a lane the worker no longer owns
+// and one it still owns (lingering) when the stream goes are covered.
+func TestInboxRecreatedUnderARunningWorker(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		linger  time.Duration
+		workers int
+	}{
+		{"idle lanes", 200 * time.Millisecond, 1},
+		{"owned lanes", time.Minute, 1},
+		{"two workers", 200 * time.Millisecond, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFleet(t)
+			var ws []*worker.Worker
+			for i := 0; i < tc.workers; i++ {
+				ws = append(ws, f.startWorker(fmt.Sprintf("w%d", i+1), func(c *worker.Config) { c.Linger = tc.linger }))
+			}
+			owned := func() int {
+				n := 0
+				for _, w := range ws {
+					n += w.LanesOwned()
+				}
+				return n
+			}
+			chats := []string{"r1", "r2"}
+			sent := map[string][]string{}
+			lanes := map[string]string{}
+			for i := 0; i < 4; i++ {
+				for _, c := range chats {
+					text := fmt.Sprintf("before %s %d", c, i)
+					lane, seq := f.post(c, text, fmt.Sprintf("b%d", i))
+					lanes[c] = lane
+					sent[c] = append(sent[c], text)
+					f.waitCommitted(lane, seq)
+				}
+			}
+			if tc.linger < time.Second {
+				natstest.WaitFor(t, 20*time.Second, "lanes released", func() error {
+					if n := owned(); n != 0 {
+						return fmt.Errorf("%d lanes owned", n)
+					}
+					return nil
+				})
+			} else if n := owned(); n != len(chats) {
+				t.Fatalf("%d lanes owned, want %d", n, len(chats))
+			}
+			newID := f.recreateInbox()
+			// Seqs 1..4 of the new stream: each at most the committed seq
+			// (7 or 8) that the lanes' entries hold for the old stream.
+			// One at a time (see TestInboxConsumerRecreatedUnderARunningWorker).
+			for i := 0; i < 2; i++ {
+				for _, c := range chats {
+					text := fmt.Sprintf("after %s %d", c, i)
+					lane, seq := f.post(c, text, fmt.Sprintf("a%d", i))
+					if seq > 4 {
+						t.Fatalf("new stream seq %d", seq)
+					}
+					sent[c] = append(sent[c], text)
+					natstest.WaitFor(t, 30*time.Second, fmt.Sprintf("%q committed", text), func() error {
+						e, _, err := f.store.Get(t.Context(), lane)
+						if err != nil {
+							return err
+						}
+						if e.InboxID != newID || e.CommittedSeq < seq || e.Turn != nil {
+							return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v",
+								e.InboxID, newID, e.CommittedSeq, seq, e.Turn != nil)
+						}
+						return nil
+					})
+				}
+			}
+			for _, c := range chats {
+				f.checkAnsweredOnce(lanes[c], sent[c]...)
+			}
+		})
+	}
+}
+
+// TestInboxRecreatedWhileAtCapacity: the worker is at capacity (its one lane
+// slot held by a long turn), so its pull loop waits to hand a delivery over
+// and its pull on the server runs out: when the inbox stream is deleted,
+// no pull of it is waiting, and no word of the deletion reaches it. The
+// next pull, once the slot frees, is served by the new incarnation's
+// consumer. Its deliveries must not be taken for the old stream's: the
+// worker checks the stream's identity before pulling again.
+func TestInboxRecreatedWhileAtCapacity(t *testing.T) {
+	f := newFleet(t)
+	f.startWorker("w1", func(c *worker.Config) { c.MaxLanes = 1; c.Linger = 200 * time.Millisecond })
+	var sent []string
+	var lane string
+	for i := 0; i < 4; i++ {
+		text := fmt.Sprintf("before %d", i)
+		var seq uint64
+		lane, seq = f.post("z", text, fmt.Sprintf("b%d", i))
+		sent = append(sent, text)
+		f.waitCommitted(lane, seq)
+	}
+	// The slot is held by a long turn, and a delivery of another lane
+	// waits for it in the pull loop.
+	long, _ := f.post("x", "!sleep 20s", "x1")
+	natstest.WaitFor(t, 20*time.Second, "the long turn running", func() error {
+		e, _, err := f.store.Get(t.Context(), long)
+		if err != nil {
+			return err
+		}
+		if e.Turn == nil {
+			return fmt.Errorf("no turn")
+		}
+		return nil
+	})
+	f.post("y", "waits for a slot", "y1")
+	cons, err := f.res.Inbox.Consumer(t.Context(), f.names.WorkersConsumer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.WaitFor(t, 20*time.Second, "no pull waiting on the server", func() error {
+		info, err := cons.Info(t.Context())
+		if err != nil {
+			return err
+		}
+		if info.NumWaiting != 0 || info.NumPending != 0 || info.NumAckPending < 2 {
+			return fmt.Errorf("waiting %d, pending %d, ack pending %d", info.NumWaiting, info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
+	newID := f.recreateInbox()
+	var seqs []uint64
+	for i := 0; i < 2; i++ {
+		text := fmt.Sprintf("after %d", i)
+		_, seq := f.post("z", text, fmt.Sprintf("a%d", i))
+		sent = append(sent, text)
+		seqs = append(seqs, seq)
+	}
+	if e, _, err := f.store.Get(t.Context(), long); err != nil || e.Turn == nil {
+		t.Fatalf("the long turn ended before the stream was recreated (%v): the case was not made", err)
+	}
+	natstest.WaitFor(t, 60*time.Second, "the new messages committed", func() error {
+		e, _, err := f.store.Get(t.Context(), lane)
+		if err != nil {
+			return err
+		}
+		if e.InboxID != newID || e.CommittedSeq < seqs[1] || e.Turn != nil {
+			return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v", e.InboxID, newID, e.CommittedSeq, seqs[1], e.Turn != nil)
+		}
+		return nil
+	})
+	// The two new messages may make one turn (both wait while the slot is
+	// held): each is answered once, in order, all the same.
+	f.checkAnsweredOnce(lane, sent...)
+}
+
+// TestInboxRecreatedUnderAnOwnerAtCapacity: the worker is at capacity (its
+// one slot held by a lane that lingers), so its pull loop waits and learns
+// nothing of the stream's deletion. The owner reads its lane by the
+// stream's name, which reaches the new incarnation, whose seqs soon pass
+// the lane's committed seq: a hint whose lane subject's previous seq is
+// below the committed one makes it check the stream's identity before it
+// reads, so it never runs the new stream's messages as the old one's.
+func TestInboxRecreatedUnderAnOwnerAtCapacity(t *testing.T) {
+	f := newFleet(t)
+	w := f.startWorker("w1", func(c *worker.Config) { c.MaxLanes = 1; c.Linger = time.Minute })
+	var sent []string
+	var lane string
+	var seq uint64
+	for i := 0; i < 4; i++ {
+		text := fmt.Sprintf("before %d", i)
+		lane, seq = f.post("z", text, fmt.Sprintf("b%d", i))
+		sent = append(sent, text)
+		f.waitCommitted(lane, seq)
+	}
+	if n := w.LanesOwned(); n != 1 {
+		t.Fatalf("%d lanes owned", n)
+	}
+	f.post("y", "waits for a slot", "y1")
+	cons, err := f.res.Inbox.Consumer(t.Context(), f.names.WorkersConsumer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.WaitFor(t, 20*time.Second, "no pull waiting on the server", func() error {
+		info, err := cons.Info(t.Context())
+		if err != nil {
+			return err
+		}
+		if info.NumWaiting != 0 || info.NumPending != 0 || info.NumAckPending < 1 {
+			return fmt.Errorf("waiting %d, pending %d, ack pending %d", info.NumWaiting, info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
+	newID := f.recreateInbox()
+	// Other lanes' messages take the new stream's first seqs, so the
+	// lane's next one comes above its committed seq.
+	for i := 0; i < 5; i++ {
+		f.post(fmt.Sprintf("other%d", i), "hi", "o1")
+	}
+	text := "after"
+	_, seq = f.post("z", text, "a1")
+	sent = append(sent, text)
+	if e, _, err := f.store.Get(t.Context(), lane); err != nil || seq <= e.CommittedSeq {
+		t.Fatalf("new seq %d, entry %+v (%v)", seq, e, err)
+	}
+	natstest.WaitFor(t, 30*time.Second, "the new message committed", func() error {
+		e, _, err := f.store.Get(t.Context(), lane)
+		if err != nil {
+			return err
+		}
+		if e.CommittedSeq < seq || e.Turn != nil {
+			return fmt.Errorf("committed %d (want %d), turn %v", e.CommittedSeq, seq, e.Turn != nil)
+		}
+		if e.InboxID != newID {
+			t.Fatalf("the new message was committed as the old stream's: entry inbox %s, want %s", e.InboxID, newID)
+		}
+		return nil
+	})
+	f.checkAnsweredOnce(lane, sent...)
+}
