@@ -659,13 +659,20 @@ const awayCheck = 500 * time.Millisecond
 // reopenInbox makes the set take the new incarnation of in's stream, whose
 // consumer reported itself deleted: in is marked stale at once, and the
 // stream read again until it is back (provisioning makes it again), the
-// worker stops or quit is closed.
+// set no longer has in as the stream's (the map dropped it, or another
+// reader reopened it), the worker stops or quit is closed.
 func (w *Worker) reopenInbox(in *broker.Inbox, quit <-chan struct{}) {
 	wait := 250 * time.Millisecond
 	for {
 		fresh, err := w.inboxes.Reopen(context.WithoutCancel(w.hardCtx), in, true)
 		if err == nil {
 			w.log.Warn("inbox stream reopened", slog.String("stream", in.Name), slog.String("inbox_id", fresh.ID), slog.String("was", in.ID))
+			return
+		}
+		if w.inboxes.ByName(in.Name) != in {
+			// The map no longer names the stream (a migration removed
+			// it, then deleted it) or another reader took its new
+			// incarnation: nothing to wait for.
 			return
 		}
 		w.log.Warn("reopen inbox stream", slog.String("stream", in.Name), slog.Any("error", err))
