@@ -285,4 +285,22 @@ func TestInboxSetReopen(t *testing.T) {
 	if err != nil || fresh == in || fresh.ID != in.ID || !in.Stale() || set.ByName(in.Name) != fresh {
 		t.Fatalf("reopen gone: %+v %v", fresh, err)
 	}
+
+	// Made again with a new identity, its workers consumer not yet: the
+	// Inbox is stale at once, though the set cannot take the new one yet.
+	si, err := fresh.Stream.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(t.Context(), fresh.Name); err != nil {
+		t.Fatal(err)
+	}
+	remade := si.Config
+	remade.Metadata = map[string]string{broker.InboxIDMetadata: "another-incarnation"}
+	if _, err := js.CreateStream(t.Context(), remade); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := set.Reopen(t.Context(), fresh, false); !errors.Is(err, jetstream.ErrConsumerNotFound) || !fresh.Stale() {
+		t.Fatalf("reopen of a stream made again without its consumer yet: %v (stale %v), want consumer not found and stale", err, fresh.Stale())
+	}
 }

@@ -156,6 +156,19 @@ func (s *InboxSet) apply(ctx context.Context, m InboxMap, rev uint64) error {
 }
 
 func (s *InboxSet) open(ctx context.Context, i int) (*Inbox, error) {
+	in, err := s.openStream(ctx, i)
+	if err != nil {
+		return nil, err
+	}
+	return in, s.openConsumer(ctx, in)
+}
+
+// errNoIdentity is an inbox stream without its identity metadata (made by
+// other means than provisioning).
+var errNoIdentity = errors.New("no identity metadata; run provisioning")
+
+// openStream reads inbox stream i and its identity.
+func (s *InboxSet) openStream(ctx context.Context, i int) (*Inbox, error) {
 	name := s.names.InboxStreamAt(i)
 	st, err := s.js.Stream(ctx, name)
 	if err != nil {
@@ -163,15 +176,22 @@ func (s *InboxSet) open(ctx context.Context, i int) (*Inbox, error) {
 	}
 	id := st.CachedInfo().Config.Metadata[InboxIDMetadata]
 	if id == "" {
-		return nil, fmt.Errorf("inbox stream %s has no identity metadata; run provisioning", name)
+		return nil, fmt.Errorf("inbox stream %s: %w", name, errNoIdentity)
 	}
-	in := &Inbox{Index: i, Name: name, ID: id, Stream: st}
-	if s.consumers {
-		if in.Consumer, err = st.Consumer(ctx, s.names.WorkersConsumer()); err != nil {
-			return nil, fmt.Errorf("inbox stream %s: workers consumer: %w", name, err)
-		}
+	return &Inbox{Index: i, Name: name, ID: id, Stream: st}, nil
+}
+
+// openConsumer opens in's workers consumer, for a set opened with them.
+func (s *InboxSet) openConsumer(ctx context.Context, in *Inbox) error {
+	if !s.consumers {
+		return nil
 	}
-	return in, nil
+	c, err := in.Stream.Consumer(ctx, s.names.WorkersConsumer())
+	if err != nil {
+		return fmt.Errorf("inbox stream %s: workers consumer: %w", in.Name, err)
+	}
+	in.Consumer = c
+	return nil
 }
 
 // Reopen reads inbox stream in again and makes the set name what it finds:
@@ -181,25 +201,31 @@ func (s *InboxSet) open(ctx context.Context, i int) (*Inbox, error) {
 // set, in is marked Stale at once (before the read: nothing goes on using
 // it while the stream is away) and the set takes a new Inbox, with new
 // handles, in its place; Changed then signals. Otherwise in stays, and is
-// returned. An error (the stream not there yet, while it is recreated)
-// leaves in in the set, Stale if gone or if the stream was not found: the
-// caller tries again.
+// returned. An error (the stream not there yet, while it is recreated, or
+// its consumer not yet) leaves in in the set, Stale if gone, if the stream
+// was not found or if it has another identity: the caller tries again.
 func (s *InboxSet) Reopen(ctx context.Context, in *Inbox, gone bool) (*Inbox, error) {
 	if gone {
 		in.stale.Store(true)
 	}
-	fresh, err := s.open(ctx, in.Index)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		// Deleted: whatever comes back under its name is another.
-		in.stale.Store(true)
-	}
+	fresh, err := s.openStream(ctx, in.Index)
 	if err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, errNoIdentity) {
+			// Deleted, or made again by other means than provisioning:
+			// whatever is there under its name is another.
+			in.stale.Store(true)
+		}
 		return nil, err
 	}
 	if fresh.ID == in.ID && !gone && !in.Stale() {
 		return in, nil
 	}
+	// Another incarnation (or one known gone): stale from now on, before
+	// its consumer is looked up (provisioning may make it a moment later).
 	in.stale.Store(true)
+	if err := s.openConsumer(ctx, fresh); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur := s.streams[in.Index]

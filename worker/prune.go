@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,6 +27,15 @@ func (w *Worker) Prune(ctx context.Context) (int, error) {
 	// two writes (the window such a check leaves open too), and the purge
 	// only removes messages at or below the committed_seq read here, which
 	// no owner reads again.
+	// The streams' identities, read now: an entry's committed_seq counts
+	// in the incarnation its inbox_id names, and a purge by name reaches
+	// whatever incarnation is there (one made again since this worker
+	// last looked would lose unread messages).
+	for _, in := range w.inboxes.All() {
+		if _, err := w.inboxes.Reopen(ctx, in, false); err != nil {
+			return 0, fmt.Errorf("worker: prune: %w", err)
+		}
+	}
 	var held map[string]struct{}
 	p := newSweepPool(ctx, sweepWorkers)
 	err := w.store.Each(ctx, func(r kv.Record) error {

@@ -215,7 +215,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	mapCtx, mapStop := context.WithCancel(context.Background())
 	mapDone := make(chan struct{})
 	go func() { defer close(mapDone); w.inboxes.Watch(mapCtx) }()
-	defer func() { mapStop(); <-mapDone }()
+	checkDone := make(chan struct{})
+	go func() { defer close(checkDone); w.checkInboxes(mapCtx) }()
+	defer func() { mapStop(); <-mapDone; <-checkDone }()
 	evictSub, err := w.nc.Subscribe(w.names.EvictSubject(), func(m *nats.Msg) {
 		w.cache.evictSession(string(m.Data))
 	})
@@ -651,6 +653,43 @@ func (w *Worker) pullLoop(p *puller) {
 		}
 	}
 }
+
+// checkInboxes reads the inbox streams' identities every inboxCheckEvery
+// until ctx ends: a stream deleted and made again while this worker had no
+// pull waiting on the server (every lane slot busy, see pullLoop) gives its
+// pull no word, and the owners of its lanes must not go on reading the new
+// incarnation as the old. A stream found made again is marked stale and
+// replaced in the set (InboxSet.Reopen); Run then pulls from the new one.
+// One stream read per stream each time, and nothing more while nothing
+// changed.
+func (w *Worker) checkInboxes(ctx context.Context) {
+	t := time.NewTicker(inboxCheckEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, in := range w.inboxes.All() {
+			if in.Stale() {
+				continue // its pull loop reopens it (reopenInbox)
+			}
+			cctx, cancel := context.WithTimeout(ctx, inboxCheckEvery)
+			fresh, err := w.inboxes.Reopen(cctx, in, false)
+			cancel()
+			switch {
+			case err != nil && in.Stale():
+				w.log.Warn("inbox stream gone or made again", slog.String("stream", in.Name), slog.Any("error", err))
+			case err == nil && fresh != in:
+				w.log.Warn("inbox stream made again: reopened", slog.String("stream", in.Name), slog.String("inbox_id", fresh.ID), slog.String("was", in.ID))
+			}
+		}
+	}
+}
+
+// inboxCheckEvery is how often checkInboxes reads the streams' identities.
+const inboxCheckEvery = 5 * time.Second
 
 // awayCheck is how long the pull loop may spend handing one delivery to its
 // lane before it checks the stream's identity (see pullLoop).
