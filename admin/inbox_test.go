@@ -509,18 +509,7 @@ func TestMigrateInboxRerunClosesTheNewStream(t *testing.T) {
 	first := f.post("first")
 	f.waitCommitted(0, first.Sequence)
 
-	errKilled := errors.New("killed after the open's subject change")
-	var o admin.MigrateOptions
-	o.Batch, o.DrainTimeout = 64, 30*time.Second
-	admin.SetMigrateStep(&o, func(step string) error {
-		if step == "open-subjects" {
-			return errKilled
-		}
-		return nil
-	})
-	if _, err := f.fl.MigrateInbox(t.Context(), 2, o); !errors.Is(err, errKilled) {
-		t.Fatalf("the stopped migration: %v", err)
-	}
+	f.stopAtOpenSubjects()
 	subj := f.names.InboxPartitionSubject(f.p)
 	if !slices.Contains(f.subjects(1), subj) {
 		t.Fatalf("stream 1 does not take partition %d after the open's subject change: %v", f.p, f.subjects(1))
@@ -528,7 +517,7 @@ func TestMigrateInboxRerunClosesTheNewStream(t *testing.T) {
 	late := f.storeLate("late")
 
 	var takers [][]int
-	o = admin.MigrateOptions{DrainTimeout: 30 * time.Second}
+	o := admin.MigrateOptions{DrainTimeout: 30 * time.Second}
 	admin.SetMigrateStep(&o, func(step string) error {
 		var in []int
 		for i := range 2 {
@@ -611,6 +600,26 @@ func TestMigrateInboxDrainTimeoutReopensEachPartitionOnce(t *testing.T) {
 	f.waitCommitted(1, after.Sequence)
 	if users := f.users(); !slices.Equal(users, []string{"late", "after"}) {
 		t.Fatalf("user entries %q, want late, after", users)
+	}
+}
+
+// stopAtOpenSubjects runs a 1 -> 2 migration of every partition in one
+// batch and stops it right after the open's subject change (before the
+// open's map write): the new stream takes the partitions' publishes while
+// the map still names the move.
+func (f *migrateFleet) stopAtOpenSubjects() {
+	f.t.Helper()
+	errKilled := errors.New("killed after the open's subject change")
+	var o admin.MigrateOptions
+	o.Batch, o.DrainTimeout = 64, 30*time.Second
+	admin.SetMigrateStep(&o, func(step string) error {
+		if step == "open-subjects" {
+			return errKilled
+		}
+		return nil
+	})
+	if _, err := f.fl.MigrateInbox(f.t.Context(), 2, o); !errors.Is(err, errKilled) {
+		f.t.Fatalf("the stopped migration: %v", err)
 	}
 }
 
@@ -1227,18 +1236,7 @@ func TestMigrateInboxResidueWithMessagesInTheNewStream(t *testing.T) {
 	first := f.post("first")
 	f.waitCommitted(0, first.Sequence)
 
-	errKilled := errors.New("killed after the open's subject change")
-	var o admin.MigrateOptions
-	o.Batch, o.DrainTimeout = 64, 30*time.Second
-	admin.SetMigrateStep(&o, func(step string) error {
-		if step == "open-subjects" {
-			return errKilled
-		}
-		return nil
-	})
-	if _, err := f.fl.MigrateInbox(t.Context(), 2, o); !errors.Is(err, errKilled) {
-		t.Fatalf("the stopped migration: %v", err)
-	}
+	f.stopAtOpenSubjects()
 	newer := f.post("newer")
 	if newer.Stream != f.names.InboxStreamAt(1) {
 		t.Fatalf("the lane's message after the open's subject change went to %s", newer.Stream)
@@ -1499,23 +1497,12 @@ func TestMigrateInboxResidueGoneIsNotInBothStreams(t *testing.T) {
 	first := f.post("first")
 	f.waitCommitted(0, first.Sequence)
 
-	errKilled := errors.New("killed after the open's subject change")
-	var o admin.MigrateOptions
-	o.Batch, o.DrainTimeout = 64, 30*time.Second
-	admin.SetMigrateStep(&o, func(step string) error {
-		if step == "open-subjects" {
-			return errKilled
-		}
-		return nil
-	})
-	if _, err := f.fl.MigrateInbox(t.Context(), 2, o); !errors.Is(err, errKilled) {
-		t.Fatalf("the stopped migration: %v", err)
-	}
+	f.stopAtOpenSubjects()
 	newer := f.post("newer")
 	f.waitCommitted(1, newer.Sequence)
 	late := f.storeLate("late")
 
-	o = admin.MigrateOptions{DrainTimeout: 30 * time.Second}
+	o := admin.MigrateOptions{DrainTimeout: 30 * time.Second}
 	removed := false
 	admin.SetMigrateStep(&o, func(step string) error {
 		if step == "purged" && !removed {
