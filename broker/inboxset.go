@@ -233,8 +233,11 @@ func (s *InboxSet) Reopen(ctx context.Context, in *Inbox, gone bool) (*Inbox, er
 	case cur == nil:
 		// The map no longer names it (a migration removed it).
 		return fresh, nil
-	case cur != in && !cur.Stale() && cur.ID == fresh.ID:
-		// Another reader reopened it first.
+	case cur != in && !cur.Stale():
+		// Another reader reopened it first. What this read found may
+		// already be older than what it installed (a read answered just
+		// before the stream was deleted and made again): the set keeps
+		// its Inbox, whose own checks catch it if it is not current.
 		return cur, nil
 	}
 	cur.stale.Store(true)

@@ -3,7 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
-	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -31,9 +31,18 @@ func (w *Worker) Prune(ctx context.Context) (int, error) {
 	// in the incarnation its inbox_id names, and a purge by name reaches
 	// whatever incarnation is there (one made again since this worker
 	// last looked would lose unread messages).
+	// A stream whose identity could not be read is left alone this pass.
+	var unread map[int]bool
 	for _, in := range w.inboxes.All() {
 		if _, err := w.inboxes.Reopen(ctx, in, false); err != nil {
-			return 0, fmt.Errorf("worker: prune: %w", err)
+			if ctx.Err() != nil {
+				return 0, err
+			}
+			w.log.Warn("prune: inbox stream's identity not read: its lanes wait for the next pass", slog.String("stream", in.Name), slog.Any("error", err))
+			if unread == nil {
+				unread = map[int]bool{}
+			}
+			unread[in.Index] = true
 		}
 	}
 	var held map[string]struct{}
@@ -44,6 +53,9 @@ func (w *Worker) Prune(ctx context.Context) (int, error) {
 			return err
 		}
 		if e.Suspended || e.Turn != nil || e.Owner != "" || !e.UpdatedAt.Before(cutoff) {
+			return nil
+		}
+		if unread[w.inboxes.ForLane(r.Lane).Index] {
 			return nil
 		}
 		if held == nil {

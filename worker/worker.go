@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"github.com/agentfleet/agentfleet/session"
 	"log/slog"
+	mrand "math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -663,23 +664,25 @@ func (w *Worker) pullLoop(p *puller) {
 // One stream read per stream each time, and nothing more while nothing
 // changed.
 func (w *Worker) checkInboxes(ctx context.Context) {
-	t := time.NewTicker(inboxCheckEvery)
-	defer t.Stop()
 	for {
+		// Jittered, so that workers started together do not all ask at
+		// once.
+		wait := inboxCheckEvery + time.Duration(mrand.Int64N(int64(inboxCheckEvery/2))) - inboxCheckEvery/4
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-time.After(wait):
 		}
 		for _, in := range w.inboxes.All() {
-			if in.Stale() {
-				continue // its pull loop reopens it (reopenInbox)
-			}
-			cctx, cancel := context.WithTimeout(ctx, inboxCheckEvery)
+			// A stale one too: its pull may not be waiting to hear of it
+			// (its new consumer serves the same name), and Reopen keeps
+			// what another reader installed meanwhile.
+			was := in.Stale()
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			fresh, err := w.inboxes.Reopen(cctx, in, false)
 			cancel()
 			switch {
-			case err != nil && in.Stale():
+			case err != nil && in.Stale() && !was:
 				w.log.Warn("inbox stream gone or made again", slog.String("stream", in.Name), slog.Any("error", err))
 			case err == nil && fresh != in:
 				w.log.Warn("inbox stream made again: reopened", slog.String("stream", in.Name), slog.String("inbox_id", fresh.ID), slog.String("was", in.ID))
@@ -688,8 +691,9 @@ func (w *Worker) checkInboxes(ctx context.Context) {
 	}
 }
 
-// inboxCheckEvery is how often checkInboxes reads the streams' identities.
-const inboxCheckEvery = 5 * time.Second
+// inboxCheckEvery is how often, on average (±25 %), checkInboxes reads the
+// streams' identities: one stream read per stream and worker each time.
+const inboxCheckEvery = 10 * time.Second
 
 // awayCheck is how long the pull loop may spend handing one delivery to its
 // lane before it checks the stream's identity (see pullLoop).
