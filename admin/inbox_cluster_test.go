@@ -129,32 +129,7 @@ func TestMigrateInboxR3ClusterUnderLoad(t *testing.T) {
 		if len(l.sent) == 0 {
 			t.Fatalf("lane %s posted nothing", l.lane)
 		}
-		natstest.WaitFor(t, 2*time.Minute, "lane "+l.lane+" to incorporate every message", func() error {
-			e, _, err := fl.Store.Get(t.Context(), l.lane)
-			if err != nil {
-				return err
-			}
-			if e.Turn != nil {
-				return fmt.Errorf("turn in flight")
-			}
-			entries, _, err := fl.TX.Load(t.Context(), e.SessionID)
-			if err != nil {
-				return err
-			}
-			var users []string
-			for _, e := range entries {
-				if e.Role == "user" {
-					users = append(users, e.Content)
-				}
-			}
-			if len(users) < len(l.sent) {
-				return fmt.Errorf("%d of %d messages incorporated", len(users), len(l.sent))
-			}
-			if !slices.Equal(users, l.sent) {
-				t.Fatalf("lane %s: transcript users %q, want exactly %q", l.lane, users, l.sent)
-			}
-			return nil
-		})
+		waitTranscript(t, fl, l.lane, l.sent, "")
 	}
 	total := 0
 	for _, l := range ls {

@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/admin"
-	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/test/natstest"
 )
 
@@ -38,15 +37,7 @@ func TestMigrateInboxMapWriteWithALostAnswer(t *testing.T) {
 		if _, err := fl.MigrateInbox(t.Context(), target, o); err != nil {
 			t.Fatalf("migrate to %d: %v", target, err)
 		}
-		m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if m.Streams != target || m.Migrating() {
-			t.Fatalf("after the migration to %d the map is %s", target, m)
-		}
-		f.checkSubjects(m)
-		checkInboxHolds(t, f.js, f.names, m)
+		f.checkMigratedTo(target)
 		ps.waitPosted(t, 2)
 	}
 	if lossy.lost < 4 {

@@ -262,6 +262,17 @@ func (f *migrateFleet) post(text string) *jetstream.PubAck {
 	return ack
 }
 
+// postAfterTheMove posts "after" on the lane, checks that it went to
+// stream 1 and waits until the lane commits it there.
+func (f *migrateFleet) postAfterTheMove() {
+	f.t.Helper()
+	after := f.post("after")
+	if after.Stream != f.names.InboxStreamAt(1) {
+		f.t.Fatalf("the lane's message after the move went to %s", after.Stream)
+	}
+	f.waitCommitted(1, after.Sequence)
+}
+
 // storeLate stores a message of the lane in stream 0 while its partition is
 // closed there: what a replicated stream does with a publish it accepted
 // just before the close and applies after it. Stream 0 takes the
@@ -416,11 +427,7 @@ func TestMigrateInboxPurgeIsBoundedByTheDrain(t *testing.T) {
 			if late == nil {
 				t.Fatal("no late message was stored")
 			}
-			after := f.post("after")
-			if after.Stream != f.names.InboxStreamAt(1) {
-				t.Fatalf("the lane's message after the move went to %s", after.Stream)
-			}
-			f.waitCommitted(1, after.Sequence)
+			f.postAfterTheMove()
 			if users := f.users(); !slices.Equal(users, []string{"first", "late", "after"}) {
 				t.Fatalf("user entries %q, want first, late, after", users)
 			}
@@ -480,11 +487,7 @@ func TestMigrateInboxMarkerBoundsTheDrain(t *testing.T) {
 	if late == nil {
 		t.Fatal("no late message was stored")
 	}
-	after := f.post("after")
-	if after.Stream != f.names.InboxStreamAt(1) {
-		t.Fatalf("the lane's message after the move went to %s", after.Stream)
-	}
-	f.waitCommitted(1, after.Sequence)
+	f.postAfterTheMove()
 	if users := f.users(); !slices.Equal(users, []string{"first", "late", "after"}) {
 		t.Fatalf("user entries %q, want first, late, after", users)
 	}
@@ -541,11 +544,7 @@ func TestMigrateInboxRerunClosesTheNewStream(t *testing.T) {
 			t.Fatalf("while the re-run moved the batch, streams %v took partition %d (each step: %v)", in, f.p, takers)
 		}
 	}
-	after := f.post("after")
-	if after.Stream != f.names.InboxStreamAt(1) {
-		t.Fatalf("the lane's message after the move went to %s", after.Stream)
-	}
-	f.waitCommitted(1, after.Sequence)
+	f.postAfterTheMove()
 	if users := f.users(); !slices.Equal(users, []string{"first", "late", "after"}) {
 		t.Fatalf("user entries %q, want first, late, after (late at %d)", users, late.Sequence)
 	}
@@ -593,11 +592,7 @@ func TestMigrateInboxDrainTimeoutReopensEachPartitionOnce(t *testing.T) {
 	if _, err := f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	after := f.post("after")
-	if after.Stream != f.names.InboxStreamAt(1) {
-		t.Fatalf("the lane's message after the move went to %s", after.Stream)
-	}
-	f.waitCommitted(1, after.Sequence)
+	f.postAfterTheMove()
 	if users := f.users(); !slices.Equal(users, []string{"late", "after"}) {
 		t.Fatalf("user entries %q, want late, after", users)
 	}
@@ -702,15 +697,7 @@ func TestMigrateInboxStoppedAtEveryStep(t *testing.T) {
 						t.Fatalf("migrate to %d again: %v", target, err)
 					}
 				}
-				m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if m.Streams != target || m.Migrating() {
-					t.Fatalf("after the migration to %d the map is %s", target, m)
-				}
-				f.checkSubjects(m)
-				checkInboxHolds(t, f.js, f.names, m)
+				f.checkMigratedTo(target)
 				ps.waitPosted(t, 2)
 			}
 			if stopped == 0 {
@@ -720,6 +707,22 @@ func TestMigrateInboxStoppedAtEveryStep(t *testing.T) {
 			ps.checkTranscripts(t, f.fl)
 		})
 	}
+}
+
+// checkMigratedTo checks that a migration to target has finished: the map
+// names target streams and no move, and the streams' subjects and what each
+// stream holds are those of the map.
+func (f *migrateFleet) checkMigratedTo(target int) {
+	f.t.Helper()
+	m, _, err := broker.ReadInboxMap(f.t.Context(), mustBucket(f.t, f))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if m.Streams != target || m.Migrating() {
+		f.t.Fatalf("after the migration to %d the map is %s", target, m)
+	}
+	f.checkSubjects(m)
+	checkInboxHolds(f.t, f.js, f.names, m)
 }
 
 // checkInboxHolds checks that each stream of m holds messages of its
@@ -886,36 +889,44 @@ func (ps *posters) checkTranscripts(t *testing.T, fl *admin.Fleet) {
 		if last := sent[len(sent)-1]; strings.HasPrefix(last, "?") {
 			want, optional = sent[:len(sent)-1], last[1:]
 		}
-		natstest.WaitFor(t, 2*time.Minute, "lane "+l.lane+" to incorporate every message", func() error {
-			e, _, err := fl.Store.Get(t.Context(), l.lane)
-			if err != nil {
-				return err
-			}
-			if e.Turn != nil {
-				return fmt.Errorf("turn in flight")
-			}
-			entries, _, err := fl.TX.Load(t.Context(), e.SessionID)
-			if err != nil {
-				return err
-			}
-			var users []string
-			for _, e := range entries {
-				if e.Role == "user" {
-					users = append(users, e.Content)
-				}
-			}
-			if len(users) < len(want) {
-				return fmt.Errorf("%d of %d messages incorporated", len(users), len(want))
-			}
-			if optional != "" && len(users) == len(want)+1 && users[len(users)-1] == optional {
-				users = users[:len(want)]
-			}
-			if !slices.Equal(users, want) {
-				t.Fatalf("lane %s: transcript users %q, want exactly %q", l.lane, users, want)
-			}
-			return nil
-		})
+		waitTranscript(t, fl, l.lane, want, optional)
 	}
+}
+
+// waitTranscript waits for the lane's transcript to hold exactly want, once
+// each, in order; if optional is not empty, it may also hold optional after
+// them.
+func waitTranscript(t *testing.T, fl *admin.Fleet, lane string, want []string, optional string) {
+	t.Helper()
+	natstest.WaitFor(t, 2*time.Minute, "lane "+lane+" to incorporate every message", func() error {
+		e, _, err := fl.Store.Get(t.Context(), lane)
+		if err != nil {
+			return err
+		}
+		if e.Turn != nil {
+			return fmt.Errorf("turn in flight")
+		}
+		entries, _, err := fl.TX.Load(t.Context(), e.SessionID)
+		if err != nil {
+			return err
+		}
+		var users []string
+		for _, e := range entries {
+			if e.Role == "user" {
+				users = append(users, e.Content)
+			}
+		}
+		if len(users) < len(want) {
+			return fmt.Errorf("%d of %d messages incorporated", len(users), len(want))
+		}
+		if optional != "" && len(users) == len(want)+1 && users[len(users)-1] == optional {
+			users = users[:len(want)]
+		}
+		if !slices.Equal(users, want) {
+			t.Fatalf("lane %s: transcript users %q, want exactly %q", lane, users, want)
+		}
+		return nil
+	})
 }
 
 // A second migration to the current count, run while a first one has added
@@ -957,11 +968,7 @@ func TestMigrateInboxConcurrentNoOpDoesNotDeleteUnderAGrow(t *testing.T) {
 	if _, err := f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	after := f.post("after")
-	if after.Stream != f.names.InboxStreamAt(1) {
-		t.Fatalf("the lane's message after the move went to %s", after.Stream)
-	}
-	f.waitCommitted(1, after.Sequence)
+	f.postAfterTheMove()
 	if users := f.users(); !slices.Equal(users, []string{"first", "after"}) {
 		t.Fatalf("user entries %q, want first, after", users)
 	}
@@ -1084,11 +1091,7 @@ func TestMigrateInboxStrayAfterTheOpen(t *testing.T) {
 			}
 			f.checkSubjects(m)
 			checkInboxHolds(t, f.js, f.names, m)
-			after := f.post("after")
-			if after.Stream != f.names.InboxStreamAt(1) {
-				t.Fatalf("the lane's message after the move went to %s", after.Stream)
-			}
-			f.waitCommitted(1, after.Sequence)
+			f.postAfterTheMove()
 			if users := f.users(); !slices.Equal(users, []string{"first", "late", "after"}) {
 				t.Fatalf("user entries %q, want first, late, after", users)
 			}
@@ -1165,11 +1168,7 @@ func TestMigrateInboxStrayAfterTheOpenBehindNewerMessages(t *testing.T) {
 			}
 			f.checkSubjects(m)
 			checkInboxHolds(t, f.js, f.names, m)
-			after := f.post("after")
-			if after.Stream != f.names.InboxStreamAt(1) {
-				t.Fatalf("the lane's message after the move went to %s", after.Stream)
-			}
-			f.waitCommitted(1, after.Sequence)
+			f.postAfterTheMove()
 			if users := f.users(); !slices.Equal(users, want) {
 				t.Fatalf("user entries %q, want %q", users, want)
 			}
@@ -1257,11 +1256,7 @@ func TestMigrateInboxResidueWithMessagesInTheNewStream(t *testing.T) {
 	if _, err := f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	after := f.post("after")
-	if after.Stream != f.names.InboxStreamAt(1) {
-		t.Fatalf("the lane's message after the move went to %s", after.Stream)
-	}
-	f.waitCommitted(1, after.Sequence)
+	f.postAfterTheMove()
 	if users := f.users(); !slices.Equal(users, []string{"first", "newer", "after"}) {
 		t.Fatalf("user entries %q, want first, newer, after", users)
 	}
