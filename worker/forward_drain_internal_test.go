@@ -39,52 +39,21 @@ import (
 // delay, and the other worker answers the message.
 func TestForwardToADrainingWorkerGoesBackAtOnce(t *testing.T) {
 	t.Parallel()
-	srv := natstest.RunServer(t)
-	nc := srv.Connect(t)
-	js := natstest.JetStream(t, nc)
-	names := broker.MustNames("fleet")
 	const ttl = 30 * time.Second
-	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: ttl})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, nc, js, names, res := provisionFleet(t, ttl)
 	store := kv.NewStore(res, nil)
 
 	acksOf := watchAcks(t, nc, names)
 
 	lanes := drainLanes{t: t, js: js, store: store, names: names}
-	keyOf, post, entry, waitCommitted := chatLane, lanes.post, lanes.entry, lanes.waitCommitted
+	post, entry, waitCommitted := lanes.post, lanes.entry, lanes.waitCommitted
 
 	// The holder's agent: the turns of "stuck" (which keeps the holder
 	// draining to the end) and "held" wait for their gate; the others
 	// echo.
-	gates := map[string]chan struct{}{}
-	for _, chat := range []string{"stuck", "held"} {
-		key, _ := keyOf(chat)
-		gates[key] = make(chan struct{})
-	}
-	var gateOnce sync.Map
-	open := func(chat string) {
-		key, _ := keyOf(chat)
-		if _, done := gateOnce.LoadOrStore(key, true); !done {
-			close(gates[key])
-		}
-	}
-	t.Cleanup(func() { open("stuck"); open("held") })
+	backend, open := gatedBackend("stuck", "held")
 	echoBackend := echo.Backend(echo.Options{})
-	backend := agent.BackendFunc(func(ctx context.Context, key, sid string) (agent.Agent, error) {
-		gate := gates[key]
-		if gate == nil {
-			return echoBackend.NewAgent(ctx, key, sid)
-		}
-		return agent.AgentFunc(func(ctx context.Context, tn *agent.Turn, emit agent.Emitter) (*agent.Result, error) {
-			select {
-			case <-gate:
-			case <-time.After(2 * time.Minute):
-			}
-			return &agent.Result{Text: "done"}, nil
-		}), nil
-	})
+	t.Cleanup(func() { open("stuck"); open("held") })
 	start := func(id string, be agent.Backend) (*Worker, func()) {
 		wnc := srv.Connect(t)
 		w, err := New(wnc, natstest.JetStream(t, wnc), res, Config{ID: id, Names: names, Backend: be, LeaseTTL: ttl,
@@ -93,20 +62,7 @@ func TestForwardToADrainingWorkerGoesBackAtOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- w.Run(ctx) }()
-		var once sync.Once
-		stop := func() {
-			once.Do(func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("worker %s: %v", id, err)
-				}
-			})
-		}
-		t.Cleanup(stop)
-		return w, stop
+		return w, runWorker(t, w, "worker "+id)
 	}
 
 	// The holder runs the three lanes: "stuck" and "held" in a turn,
@@ -117,16 +73,7 @@ func TestForwardToADrainingWorkerGoesBackAtOnce(t *testing.T) {
 	waitCommitted(released, r1)
 	held, _ := post("held", "h1")
 	for _, lane := range []string{stuck, held} {
-		natstest.WaitFor(t, 30*time.Second, "a turn of "+lane+" running on the holder", func() error {
-			e, err := entry(lane)
-			if err != nil {
-				return err
-			}
-			if e.Turn == nil || e.Owner != b.Owner() {
-				return fmt.Errorf("turn %t, owner %q", e.Turn != nil, e.Owner)
-			}
-			return nil
-		})
+		lanes.waitTurnOnHolder(lane, b.Owner())
 	}
 
 	// The other worker saw the holder hold "held" and "released" a moment
@@ -229,6 +176,22 @@ func (d drainLanes) entry(lane string) (*session.SessionEntry, error) {
 	return e, err
 }
 
+// waitTurnOnHolder waits until a turn of lane runs on the holder, the
+// worker whose owner name is owner.
+func (d drainLanes) waitTurnOnHolder(lane, owner string) {
+	d.t.Helper()
+	natstest.WaitFor(d.t, 30*time.Second, "a turn of "+lane+" running on the holder", func() error {
+		e, err := d.entry(lane)
+		if err != nil {
+			return err
+		}
+		if e.Turn == nil || e.Owner != owner {
+			return fmt.Errorf("turn %t, owner %q", e.Turn != nil, e.Owner)
+		}
+		return nil
+	})
+}
+
 // waitCommitted waits until lane's entry has committed seq.
 func (d drainLanes) waitCommitted(lane string, seq uint64) {
 	d.t.Helper()
@@ -289,15 +252,8 @@ func checkNoDelayedNak(t *testing.T, lane string, seq uint64, got []string) {
 // flight), its turn waiting that long.
 func TestLeaseGoneWhenReadIsTaken(t *testing.T) {
 	t.Parallel()
-	srv := natstest.RunServer(t)
-	nc := srv.Connect(t)
-	js := natstest.JetStream(t, nc)
-	names := broker.MustNames("fleet")
 	const ttl = 30 * time.Second
-	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: ttl})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, nc, js, names, res := provisionFleet(t, ttl)
 	acksOf := watchAcks(t, nc, names)
 	w, err := New(nc, js, res, Config{ID: "w", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: ttl,
 		Reset: session.ResetConfig{Default: session.ResetPolicy{Mode: session.ResetNone}}})
@@ -315,15 +271,7 @@ func TestLeaseGoneWhenReadIsTaken(t *testing.T) {
 		}
 		return acquire(ctx, lane, owner, live)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	})
+	runWorker(t, w, "worker")
 
 	src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: "vanished", ChatType: session.ChatDM, UserID: "u"}
 	key := session.BuildSessionKey(src, session.DefaultKeyOptions())
@@ -417,52 +365,20 @@ func TestDrainingForwardMayStillHold(t *testing.T) {
 //     refused): given up, not possibly held, handed back at once.
 func TestForwardToADrainingWorkerThatMayHoldTheLease(t *testing.T) {
 	t.Parallel()
-	srv := natstest.RunServer(t)
-	nc := srv.Connect(t)
-	js := natstest.JetStream(t, nc)
-	names := broker.MustNames("fleet")
 	const ttl = 9 * time.Second
-	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: ttl})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, nc, js, names, res := provisionFleet(t, ttl)
 	store := kv.NewStore(res, nil)
 	acksOf := watchAcks(t, nc, names)
 
 	lanes := drainLanes{t: t, js: js, store: store, names: names}
-	keyOf, post, entry, waitCommitted := chatLane, lanes.post, lanes.entry, lanes.waitCommitted
+	keyOf, post, waitCommitted := chatLane, lanes.post, lanes.waitCommitted
 	subjectOf := func(lane string) string {
 		return names.InboxSubject(session.Partition(names.Prefix(), lane), lane)
 	}
 
 	// The turns of "stuck" (which keeps the holder draining to the end)
 	// and "relfail" wait for their gate; the others echo.
-	gates := map[string]chan struct{}{}
-	for _, chat := range []string{"stuck", "relfail"} {
-		key, _ := keyOf(chat)
-		gates[key] = make(chan struct{})
-	}
-	var gateOnce sync.Map
-	open := func(chat string) {
-		key, _ := keyOf(chat)
-		if _, done := gateOnce.LoadOrStore(key, true); !done {
-			close(gates[key])
-		}
-	}
-	echoBackend := echo.Backend(echo.Options{})
-	backend := agent.BackendFunc(func(ctx context.Context, key, sid string) (agent.Agent, error) {
-		gate := gates[key]
-		if gate == nil {
-			return echoBackend.NewAgent(ctx, key, sid)
-		}
-		return agent.AgentFunc(func(ctx context.Context, tn *agent.Turn, emit agent.Emitter) (*agent.Result, error) {
-			select {
-			case <-gate:
-			case <-time.After(2 * time.Minute):
-			}
-			return &agent.Result{Text: "done"}, nil
-		}), nil
-	})
+	backend, open := gatedBackend("stuck", "relfail")
 
 	_, relfail := keyOf("relfail")
 	_, renewfail := keyOf("renewfail")
@@ -490,19 +406,7 @@ func TestForwardToADrainingWorkerThatMayHoldTheLease(t *testing.T) {
 		}
 		return release(ctx, lease)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- b.Run(ctx) }()
-	var stopOnce sync.Once
-	stopB := func() {
-		stopOnce.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("holder: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stopB)
+	stopB := runWorker(t, b, "holder")
 	// Runs before stopB: a drain waits for the gated turns.
 	t.Cleanup(func() { open("stuck"); open("relfail") })
 	runs := func(lane string) bool {
@@ -520,16 +424,7 @@ func TestForwardToADrainingWorkerThatMayHoldTheLease(t *testing.T) {
 	waitCommitted(renewfail, n1)
 	waitCommitted(taken, t1)
 	for _, lane := range []string{stuck, relfail} {
-		natstest.WaitFor(t, 30*time.Second, "a turn of "+lane+" running on the holder", func() error {
-			e, err := entry(lane)
-			if err != nil {
-				return err
-			}
-			if e.Turn == nil || e.Owner != b.Owner() {
-				return fmt.Errorf("turn %t, owner %q", e.Turn != nil, e.Owner)
-			}
-			return nil
-		})
+		lanes.waitTurnOnHolder(lane, b.Owner())
 	}
 
 	// "taken": its lease key deleted under the holder; "renewfail": its

@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"testing"
@@ -23,28 +22,13 @@ import (
 // forward lost without the answer would leave the message waiting for it.
 func TestForwardToAGoneHolderBounces(t *testing.T) {
 	t.Parallel()
-	srv := natstest.RunServer(t)
-	nc := srv.Connect(t)
-	js := natstest.JetStream(t, nc)
-	names := broker.MustNames("fleet")
-	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, nc, js, names, res := provisionFleet(t, 30*time.Second)
 	w, err := New(nc, js, res, Config{ID: "w", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 30 * time.Second,
 		Reset: session.ResetConfig{Default: session.ResetPolicy{Mode: session.ResetNone}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	})
+	runWorker(t, w, "worker")
 
 	src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: "gone", ChatType: session.ChatDM, UserID: "u"}
 	key := session.BuildSessionKey(src, session.DefaultKeyOptions())
@@ -105,14 +89,7 @@ func TestForwardGoneIsPruned(t *testing.T) {
 // copy is the duplicate.
 func TestCopiesInOneStepClaimInOrder(t *testing.T) {
 	t.Parallel()
-	srv := natstest.RunServer(t)
-	nc := srv.Connect(t)
-	js := natstest.JetStream(t, nc)
-	names := broker.MustNames("fleet")
-	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, nc, js, names, res := provisionFleet(t, 30*time.Second)
 	w, err := New(nc, js, res, Config{ID: "w", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -146,14 +123,7 @@ func TestCopiesInOneStepClaimInOrder(t *testing.T) {
 // older record (a seq alone) is judged by its seq, as before.
 func TestDuplicateAcrossInboxStreams(t *testing.T) {
 	t.Parallel()
-	srv := natstest.RunServer(t)
-	nc := srv.Connect(t)
-	js := natstest.JetStream(t, nc)
-	names := broker.MustNames("fleet")
-	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, nc, js, names, res := provisionFleet(t, 30*time.Second)
 	w, err := New(nc, js, res, Config{ID: "w", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)

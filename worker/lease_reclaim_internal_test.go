@@ -33,15 +33,8 @@ import (
 //     last look at the inbox finds it and takes the lane again).
 func TestKeptLeaseIsTakenBack(t *testing.T) {
 	t.Parallel()
-	srv := natstest.RunServer(t)
-	nc := srv.Connect(t)
-	js := natstest.JetStream(t, nc)
-	names := broker.MustNames("fleet")
 	const ttl = 30 * time.Second
-	res, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: ttl})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, nc, js, names, res := provisionFleet(t, ttl)
 	store := kv.NewStore(res, nil)
 	lanes := drainLanes{t: t, js: js, store: store, names: names}
 	_, later := chatLane("later")
@@ -77,15 +70,7 @@ func TestKeptLeaseIsTakenBack(t *testing.T) {
 		}
 		return errors.New("injected: release timed out")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	})
+	runWorker(t, w, "worker")
 	runs := func(lane string) bool {
 		w.mu.Lock()
 		defer w.mu.Unlock()

@@ -40,6 +40,29 @@ func (f *fleet) inboxID() string {
 	return id
 }
 
+// waitNoPullWaiting waits until the workers' consumer has no pull waiting
+// on the server and nothing pending, with at least minAckPending
+// deliveries unacknowledged: a worker at capacity, its pull loop waiting
+// for a slot.
+func (f *fleet) waitNoPullWaiting(minAckPending int) {
+	t := f.t
+	t.Helper()
+	cons, err := f.res.Inbox.Consumer(t.Context(), f.names.WorkersConsumer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.WaitFor(t, 20*time.Second, "no pull waiting on the server", func() error {
+		info, err := cons.Info(t.Context())
+		if err != nil {
+			return err
+		}
+		if info.NumWaiting != 0 || info.NumPending != 0 || info.NumAckPending < minAckPending {
+			return fmt.Errorf("waiting %d, pending %d, ack pending %d", info.NumWaiting, info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
+}
+
 // TestInboxConsumerRecreatedUnderARunningWorker: the workers consumer alone
 // is deleted and provisioning makes it again (the stream and its identity
 // stay): the worker pulls from the new consumer, and what it hands out
@@ -204,20 +227,7 @@ func TestInboxRecreatedWhileAtCapacity(t *testing.T) {
 		return nil
 	})
 	f.post("y", "waits for a slot", "y1")
-	cons, err := f.res.Inbox.Consumer(t.Context(), f.names.WorkersConsumer())
-	if err != nil {
-		t.Fatal(err)
-	}
-	natstest.WaitFor(t, 20*time.Second, "no pull waiting on the server", func() error {
-		info, err := cons.Info(t.Context())
-		if err != nil {
-			return err
-		}
-		if info.NumWaiting != 0 || info.NumPending != 0 || info.NumAckPending < 2 {
-			return fmt.Errorf("waiting %d, pending %d, ack pending %d", info.NumWaiting, info.NumPending, info.NumAckPending)
-		}
-		return nil
-	})
+	f.waitNoPullWaiting(2)
 	newID := f.recreateInbox()
 	var seqs []uint64
 	for i := 0; i < 2; i++ {
@@ -267,20 +277,7 @@ func TestInboxRecreatedUnderAnOwnerAtCapacity(t *testing.T) {
 		t.Fatalf("%d lanes owned", n)
 	}
 	f.post("y", "waits for a slot", "y1")
-	cons, err := f.res.Inbox.Consumer(t.Context(), f.names.WorkersConsumer())
-	if err != nil {
-		t.Fatal(err)
-	}
-	natstest.WaitFor(t, 20*time.Second, "no pull waiting on the server", func() error {
-		info, err := cons.Info(t.Context())
-		if err != nil {
-			return err
-		}
-		if info.NumWaiting != 0 || info.NumPending != 0 || info.NumAckPending < 1 {
-			return fmt.Errorf("waiting %d, pending %d, ack pending %d", info.NumWaiting, info.NumPending, info.NumAckPending)
-		}
-		return nil
-	})
+	f.waitNoPullWaiting(1)
 	newID := f.recreateInbox()
 	// Other lanes' messages take the new stream's first seqs, so the
 	// lane's next one comes above its committed seq.
