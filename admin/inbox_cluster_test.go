@@ -235,6 +235,10 @@ func TestMigrateInboxRidesOutAClusterOutage(t *testing.T) {
 		if down != nil {
 			t.Fatalf("the migration to %d completed with nodes %v stopped and no retry", target, down)
 		}
+		// The last restart can leave a stream's election running after the
+		// migration's own calls succeeded: the checks below read every
+		// stream, with the client's default timeout.
+		waitStreamLeaders(t, c, js)
 		m, _, err := broker.ReadInboxMap(t.Context(), mustBucketJS(t, js, names))
 		if err != nil {
 			t.Fatal(err)
