@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/test/natstest"
+	"github.com/agentfleet/agentfleet/transcript"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -304,4 +306,87 @@ func TestInboxRecreatedUnderAnOwnerAtCapacity(t *testing.T) {
 		return nil
 	})
 	f.checkAnsweredOnce(lane, sent...)
+}
+
+// TestInboxRecreatedUnderAnInterruptedTurn: a turn was in flight when the
+// inbox stream was deleted, and its worker died before the turn ended: the
+// lane's entry keeps the turn's record, whose seqs count in the old stream.
+// The worker that takes the lane on the new stream (seqs from 1) must not
+// read or settle the new stream's messages by those seqs: the turn's
+// messages are gone, so it ends the turn (interrupted, the session resume
+// pending) without running it again, and the new stream's messages, whose
+// seqs are below the old turn's, are each answered once, in order. The
+// record may name its stream, or, written by an older worker, not (then
+// it counts in the entry's).
+func TestInboxRecreatedUnderAnInterruptedTurn(t *testing.T) {
+	for _, named := range []bool{false, true} {
+		t.Run(fmt.Sprintf("record names its stream %v", named), func(t *testing.T) {
+			f := newFleet(t)
+			_, stop := f.startStoppable("first", nil)
+			var sent []string
+			var lane string
+			var seq uint64
+			for i := 0; i < 3; i++ {
+				text := fmt.Sprintf("before %d", i)
+				lane, seq = f.post("it", text, fmt.Sprintf("b%d", i))
+				sent = append(sent, text)
+				f.waitCommitted(lane, seq)
+			}
+			stop()
+			// The worker that ran the turn of seq 4 died: its record stays.
+			_, seq = f.post("it", "lost with the stream", "lost")
+			turn := f.crashedTurn(lane, seq, time.Now())
+			if named {
+				old := f.inboxID()
+				e, rev, err := f.store.Get(t.Context(), lane)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, _, err := f.store.Mutate(t.Context(), lane, e, rev, nil, func(e *session.SessionEntry) (*session.SessionEntry, error) {
+					e.Turn.InboxID = old
+					return e, nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			newID := f.recreateInbox()
+			var last uint64
+			for i := 0; i < 2; i++ {
+				text := fmt.Sprintf("after %d", i)
+				_, last = f.post("it", text, fmt.Sprintf("a%d", i))
+				sent = append(sent, text)
+			}
+			if last >= turn.LastSeq {
+				t.Fatalf("new stream seq %d, old turn's last seq %d: the case was not made", last, turn.LastSeq)
+			}
+			f.startWorker("back", nil)
+			var e *session.SessionEntry
+			natstest.WaitFor(t, 30*time.Second, "the new messages committed", func() error {
+				var err error
+				if e, _, err = f.store.Get(t.Context(), lane); err != nil {
+					return err
+				}
+				if e.InboxID != newID || e.CommittedSeq < last || e.Turn != nil {
+					return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v", e.InboxID, newID, e.CommittedSeq, last, e.Turn != nil)
+				}
+				return nil
+			})
+			if e.CommittedSeq != last {
+				t.Errorf("committed seq %d in the new stream, which holds %d messages of the lane: settled by the old turn's seqs", e.CommittedSeq, last)
+			}
+			f.checkAnsweredOnce(lane, sent...)
+			ended := false
+			for _, en := range f.load(e.SessionID) {
+				if en.Kind == transcript.KindTurnEnd && en.TurnID == turn.ID {
+					ended = true
+					if en.Status != transcript.StatusInterrupted {
+						t.Errorf("the old turn ended %q, want %q", en.Status, transcript.StatusInterrupted)
+					}
+				}
+			}
+			if !ended {
+				t.Error("the old turn has no turn end in the transcript")
+			}
+		})
+	}
 }
