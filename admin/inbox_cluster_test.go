@@ -2,7 +2,6 @@ package admin_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -12,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/admin"
@@ -26,7 +24,8 @@ import (
 // TestMigrateInboxR3ClusterUnderLoad: on a three-node cluster with R3
 // inbox streams, two workers and lanes that keep posting (each lane's next
 // message after the previous one was stored, retried with the same message
-// id while its partition is closed), the fleet goes from 1 to 3 inbox
+// id while its partition is closed, a few unanswered at most: see
+// posters), the fleet goes from 1 to 3 inbox
 // streams and back to 1. Every lane's transcript then holds exactly the
 // messages it posted, once each, in order, and no inbox stream holds a
 // partition it is not assigned.
@@ -38,104 +37,19 @@ func TestMigrateInboxR3ClusterUnderLoad(t *testing.T) {
 	c, js, names, fl := rf.c, rf.js, rf.names, rf.fl
 
 	// The lanes post until told to stop.
-	const lanes = 8
-	type laneState struct {
-		key, lane string
-		sent      []string
-	}
-	ls := make([]*laneState, lanes)
-	stop := make(chan struct{})
-	var posters sync.WaitGroup
-	errs := make(chan error, lanes)
-	for i := range ls {
-		src := session.SessionSource{Platform: session.PlatformHTTP, ChatID: fmt.Sprintf("r3-%d", i), ChatType: session.ChatDM, UserID: "u"}
-		key := session.BuildSessionKey(src, session.DefaultKeyOptions())
-		l := &laneState{key: key, lane: session.LaneToken(key)}
-		ls[i] = l
-		pnc := c.Connect(t)
-		pjs := natstest.JetStream(t, pnc)
-		posters.Add(1)
-		go func() {
-			defer posters.Done()
-			p := session.Partition(names.Prefix(), l.lane)
-			for n := 0; ; n++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				text := fmt.Sprintf("r3-%d-%d", i, n)
-				data, _ := json.Marshal(session.Inbound{Source: src, SessionKey: key, Kind: session.KindMessage, Text: text,
-					PlatformMsgID: "http:" + text, ReceivedAt: time.Now()})
-				msg := nats.NewMsg(names.InboxSubject(p, l.lane))
-				msg.Data = data
-				msg.Header.Set(broker.HdrSessionKey, key)
-				msg.Header.Set(broker.HdrKind, session.KindMessage)
-				// Retried as the ingress does, with the same message id (a
-				// retry while the first copy is still being stored is
-				// refused as "in process": retried again).
-				// As long as a partition may stay closed on a loaded machine: a
-				// drain plus a step's retries through a leader election.
-				deadline := time.Now().Add(2 * time.Minute)
-				var err error
-				for {
-					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-					_, err = pjs.PublishMsg(ctx, msg, append(broker.InboxPublishOptions(), jetstream.WithMsgID("http:"+text))...)
-					cancel()
-					if err == nil || time.Now().After(deadline) {
-						break
-					}
-					<-time.After(100 * time.Millisecond)
-				}
-				if err != nil {
-					errs <- fmt.Errorf("lane %d: post %s: %w", i, text, err)
-					return
-				}
-				l.sent = append(l.sent, text)
-				select {
-				case <-stop:
-					return
-				case <-time.After(20 * time.Millisecond):
-				}
-			}
-		}()
-	}
-	stopped := false
-	stopPosting := func() {
-		if !stopped {
-			stopped = true
-			close(stop)
-			posters.Wait()
-		}
-	}
-	t.Cleanup(stopPosting)
-
-	<-time.After(500 * time.Millisecond) // traffic flowing before the move
+	ps := startPosters(t, func() jetstream.JetStream { return natstest.JetStream(t, c.Connect(t)) }, names, "r3", 8)
+	ps.waitPosted(t, 2) // traffic flowing before the move
 	for _, target := range []int{3, 1} {
-		rep, err := fl.MigrateInbox(t.Context(), target, admin.MigrateOptions{DrainTimeout: 90 * time.Second})
+		rep, err := fl.MigrateInbox(t.Context(), target, admin.MigrateOptions{DrainTimeout: 2 * time.Minute})
 		if err != nil {
 			t.Fatalf("migrate to %d: %v", target, err)
 		}
 		t.Logf("%d -> %d streams: %d partitions moved in %s (longest drain %s)", rep.From, rep.To, rep.Moved, rep.Took, rep.Drain)
 	}
-	stopPosting()
-	select {
-	case err := <-errs:
-		t.Fatal(err)
-	default:
-	}
-
-	for _, l := range ls {
-		if len(l.sent) == 0 {
-			t.Fatalf("lane %s posted nothing", l.lane)
-		}
-		waitTranscript(t, fl, l.lane, l.sent, "")
-	}
-	total := 0
-	for _, l := range ls {
-		total += len(l.sent)
-	}
-	t.Logf("%d lanes, %d messages, each incorporated once, in order", lanes, total)
+	ps.stop(t)
+	ps.checkTranscripts(t, fl)
+	// The checks below read every stream with the client's default timeout.
+	waitStreamLeaders(t, c, js)
 	m, _, err := broker.ReadInboxMap(t.Context(), mustBucketJS(t, js, names))
 	if err != nil {
 		t.Fatal(err)

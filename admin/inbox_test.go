@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -753,7 +756,10 @@ func checkInboxHolds(t *testing.T, js jetstream.JetStream, names broker.Names, m
 // posters are lanes posting one message after the other until stopped, as
 // the ingress does: a publish is retried with the same message id while its
 // partition is closed (no stream answers) or its first copy is still being
-// stored.
+// stored. A lane keeps at most postWindow messages unanswered (it waits up
+// to postPace for the replies before it posts anyway), so that a fleet
+// slowed by a loaded machine is not handed a backlog that outlasts a
+// drain's timeout.
 type posters struct {
 	names broker.Names
 	lanes []*posterLane
@@ -783,15 +789,51 @@ func startPosters(t *testing.T, connect func() jetstream.JetStream, names broker
 		l := &posterLane{key: key, lane: session.LaneToken(key)}
 		ps.lanes = append(ps.lanes, l)
 		js := connect()
+		// The highest message number a reply of the lane named: a reply
+		// the subscription missed (a reconnect) is made up for by the
+		// next one.
+		var answered atomic.Int64
+		answered.Store(-1)
+		replied := make(chan struct{}, 1)
+		mine := regexp.MustCompile(regexp.QuoteMeta(fmt.Sprintf("%s-%d-", tag, i)) + `(\d+)`)
+		sub, err := js.Conn().Subscribe(names.OutboxLaneFilter(l.lane), func(m *nats.Msg) {
+			var r session.Reply
+			if json.Unmarshal(m.Data, &r) != nil {
+				return
+			}
+			for _, g := range mine.FindAllStringSubmatch(r.Text, -1) {
+				if n, err := strconv.ParseInt(g[1], 10, 64); err == nil && n > answered.Load() {
+					answered.Store(n)
+				}
+			}
+			select {
+			case replied <- struct{}{}:
+			default:
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
 		ps.wg.Add(1)
 		go func() {
 			defer ps.wg.Done()
+			defer func() { _ = sub.Unsubscribe() }()
 			p := session.Partition(names.Prefix(), l.lane)
 			for n := 0; ; n++ {
 				select {
 				case <-ps.quit:
 					return
 				default:
+				}
+				for paced := time.After(postPace); int64(n)-answered.Load() > postWindow; {
+					select {
+					case <-ps.quit:
+						return
+					case <-replied:
+						continue
+					case <-paced:
+					}
+					break
 				}
 				text := fmt.Sprintf("%s-%d-%d", tag, i, n)
 				data, _ := json.Marshal(session.Inbound{Source: src, SessionKey: key, Kind: session.KindMessage, Text: text,
@@ -838,6 +880,13 @@ func startPosters(t *testing.T, connect func() jetstream.JetStream, names broker
 	t.Cleanup(func() { ps.stop(t) })
 	return ps
 }
+
+// postWindow is how many messages a poster's lane keeps unanswered at
+// most, and postPace how long it waits for a reply before it posts anyway.
+const (
+	postWindow = 3
+	postPace   = 5 * time.Second
+)
 
 // waitPosted waits until every lane posted n more messages.
 func (ps *posters) waitPosted(t *testing.T, n int) {
