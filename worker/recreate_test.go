@@ -16,9 +16,19 @@ import (
 // its seqs starting again at 1. It returns the new identity.
 func (f *fleet) recreateInbox() string {
 	f.t.Helper()
+	return f.recreateInboxAfter(nil)
+}
+
+// recreateInboxAfter is recreateInbox that calls away, when not nil, while
+// the stream is deleted, before it is made again.
+func (f *fleet) recreateInboxAfter(away func()) string {
+	f.t.Helper()
 	old := f.inboxID()
 	if err := f.js.DeleteStream(f.t.Context(), f.names.InboxStream()); err != nil {
 		f.t.Fatal(err)
+	}
+	if away != nil {
+		away()
 	}
 	nc := f.srv.Connect(f.t)
 	res, err := broker.Provision(f.t.Context(), natstest.JetStream(f.t, nc), broker.ProvisionConfig{Names: f.names, LeaseTTL: testTTL})
@@ -208,8 +218,8 @@ func TestInboxRecreatedUnderARunningWorker(t *testing.T) {
 //   - "away check": with neither, from the check of the stream's identity
 //     its pull loop makes before it pulls again.
 //
-// In the first two, the worker takes the new stream while the long turn
-// still holds the slot.
+// In the first two, the worker stops using the old stream while it is away,
+// and takes the new one while the long turn still holds the slot.
 func TestInboxRecreatedWhileAtCapacity(t *testing.T) {
 	for _, tc := range []struct {
 		name             string
@@ -252,7 +262,19 @@ func TestInboxRecreatedWhileAtCapacity(t *testing.T) {
 			natstest.WaitFor(t, 20*time.Second, "the long turn running", longRuns)
 			f.post("y", "waits for a slot", "y1")
 			f.waitNoPullWaiting(2)
-			newID := f.recreateInbox()
+			var away func()
+			if tc.soon {
+				// The worker stops using the old stream while it is away.
+				away = func() {
+					natstest.WaitFor(t, 10*time.Second, "the worker knowing the old stream gone", func() error {
+						if _, stale := worker.InboxIDOf(w, f.names.InboxStream()); !stale {
+							return fmt.Errorf("not stale")
+						}
+						return nil
+					})
+				}
+			}
+			newID := f.recreateInboxAfter(away)
 			if tc.soon {
 				natstest.WaitFor(t, 10*time.Second, "the worker taking the new stream", func() error {
 					if id, stale := worker.InboxIDOf(w, f.names.InboxStream()); id != newID || stale {
