@@ -371,3 +371,57 @@ func TestInboxRecreatedUnderAnOwnerAtCapacity(t *testing.T) {
 	})
 	f.checkAnsweredOnce(lane, sent...)
 }
+
+// TestInboxRecreatedWhileDisconnected: the inbox stream is deleted and made
+// again while the worker's connection to NATS is down, so no advisory of it
+// reaches the worker, and its periodic check is an hour away. When the
+// connection comes back, the worker's pull is served by the new
+// incarnation's consumer at once: the worker checks the stream's identity
+// before it takes those deliveries for the old stream's, and the new
+// messages, whose seqs are below the lane's committed seq in the old
+// stream, are answered once.
+func TestInboxRecreatedWhileDisconnected(t *testing.T) {
+	f := newFleet(t)
+	p := newTCPProxy(t, f.srv.URL())
+	w := f.startWorkerViaWith("w1", p.URL(), func(c *worker.Config) {
+		c.Linger = 200 * time.Millisecond
+		worker.SetInboxCheck(c, time.Hour, time.Hour, true)
+	})
+	var sent []string
+	var lane string
+	for i := 0; i < 4; i++ {
+		text := fmt.Sprintf("before %d", i)
+		var seq uint64
+		lane, seq = f.post("z", text, fmt.Sprintf("b%d", i))
+		sent = append(sent, text)
+		f.waitCommitted(lane, seq)
+	}
+	// Released: only a delivery takes the lane again.
+	natstest.WaitFor(t, 20*time.Second, "lane released", func() error {
+		if n := w.LanesOwned(); n != 0 {
+			return fmt.Errorf("%d lanes owned", n)
+		}
+		return nil
+	})
+	p.Cut()
+	newID := f.recreateInbox()
+	var seqs []uint64
+	for i := 0; i < 2; i++ {
+		text := fmt.Sprintf("after %d", i)
+		_, seq := f.post("z", text, fmt.Sprintf("a%d", i))
+		sent = append(sent, text)
+		seqs = append(seqs, seq)
+	}
+	p.Heal()
+	natstest.WaitFor(t, 60*time.Second, "the new messages committed", func() error {
+		e, _, err := f.store.Get(t.Context(), lane)
+		if err != nil {
+			return err
+		}
+		if e.InboxID != newID || e.CommittedSeq < seqs[1] || e.Turn != nil {
+			return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v", e.InboxID, newID, e.CommittedSeq, seqs[1], e.Turn != nil)
+		}
+		return nil
+	})
+	f.checkAnsweredOnce(lane, sent...)
+}

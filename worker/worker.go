@@ -526,6 +526,9 @@ type puller struct {
 	it   jetstream.MessagesContext
 	done chan struct{}
 	quit chan struct{}
+	// reconnects is the connection's count of reconnects when in's
+	// identity was last known current (see pullLoop).
+	reconnects uint64
 }
 
 // reconcile starts a pull loop for each stream of the map that has none and
@@ -549,12 +552,13 @@ func (ps *pullers) reconcile() error {
 			ps.stopped = append(ps.stopped, p)
 			delete(ps.by, in.Name)
 		}
+		reconnects := ps.w.nc.Stats().Reconnects
 		it, err := ps.w.pullInbox(in)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("worker: pull %s: %w", in.Name, err))
 			continue
 		}
-		p := &puller{in: in, it: it, done: make(chan struct{}), quit: ps.quit}
+		p := &puller{in: in, it: it, done: make(chan struct{}), quit: ps.quit, reconnects: reconnects}
 		ps.by[in.Name] = p
 		go ps.w.pullLoop(p)
 	}
@@ -639,6 +643,18 @@ func (w *Worker) pullLoop(p *puller) {
 		if w.draining() {
 			_ = msg.Nak()
 			continue
+		}
+		if n := w.nc.Stats().Reconnects; n != p.reconnects {
+			// The connection came back since: the pull Next sent again
+			// then may have been served by a consumer made again while it
+			// was down, of which no word (no advisory) reached this
+			// worker. Check the stream's identity first.
+			if _, err := w.inboxes.Reopen(context.WithoutCancel(w.hardCtx), p.in, false); err != nil {
+				w.log.Warn("check inbox stream", slog.String("stream", p.in.Name), slog.Any("error", err))
+				_ = msg.NakWithDelay(time.Second)
+				continue
+			}
+			p.reconnects = n
 		}
 		if cur := w.inboxes.ByName(p.in.Name); p.in.Stale() || cur != p.in {
 			// Of an incarnation of the stream that is not the set's: its
