@@ -85,6 +85,11 @@ type TurnIntent struct {
 	// FirstSeq and LastSeq bound the inbox messages the turn incorporates.
 	FirstSeq uint64 `json:"first_seq"`
 	LastSeq  uint64 `json:"last_seq"`
+	// InboxID is the identity of the inbox stream (its fleet_inbox_id) that
+	// FirstSeq and LastSeq count in. Empty means the entry's InboxID (a
+	// record written before turns named their stream): see
+	// SessionEntry.TurnInboxID.
+	InboxID string `json:"inbox_id,omitempty"`
 	// RetryFrom is the last seq of the range as first recorded, once a retry
 	// after an interrupted attempt narrowed the range to its first message
 	// (so that a poison message dead-letters alone). The messages up to it
@@ -123,6 +128,19 @@ type TurnIntent struct {
 	// attempt, when it was traced: the attempt that resumes an interrupted
 	// one links to it, on whichever worker it runs.
 	TraceParent string `json:"trace_parent,omitempty"`
+}
+
+// TurnInboxID is the identity of the inbox stream the seqs of the entry's
+// turn count in: the turn's own InboxID, or, when it names none, the
+// entry's. Empty when the entry has no turn.
+func (e *SessionEntry) TurnInboxID() string {
+	if e == nil || e.Turn == nil {
+		return ""
+	}
+	if e.Turn.InboxID != "" {
+		return e.Turn.InboxID
+	}
+	return e.InboxID
 }
 
 // SetOrigin records src as the entry's origin, and its chat name, when it

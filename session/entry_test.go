@@ -146,3 +146,32 @@ func TestSessionEntryClone(t *testing.T) {
 		t.Errorf("Clone() changed empty/nil slices: %#v", empty.Turn)
 	}
 }
+
+// TestTurnInboxID: a turn's seqs count in the stream its record names, and
+// in the entry's when it names none (a record written before turns named
+// their stream), which decodes as before.
+func TestTurnInboxID(t *testing.T) {
+	var e session.SessionEntry
+	if err := json.Unmarshal([]byte(`{"inbox_id":"new","committed_seq":2,"turn":{"id":"t","first_seq":4,"last_seq":4}}`), &e); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.TurnInboxID(); got != "new" {
+		t.Fatalf("a record without its stream: %q, want the entry's", got)
+	}
+	e.Turn.InboxID = "old"
+	data, err := json.Marshal(&e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back session.SessionEntry
+	if err := json.Unmarshal(data, &back); err != nil {
+		t.Fatal(err)
+	}
+	if got := back.TurnInboxID(); got != "old" {
+		t.Fatalf("a record naming its stream: %q after a round trip, want old", got)
+	}
+	back.Turn = nil
+	if got := back.TurnInboxID(); got != "" {
+		t.Fatalf("no turn: %q", got)
+	}
+}

@@ -42,7 +42,7 @@ func (l *lane) runCommand(m inboxMsg) error {
 	}
 	now := w.cfg.Now()
 	intent := &session.TurnIntent{
-		ID: newID(), FirstSeq: m.seq, LastSeq: m.seq, Kind: session.KindCommand, Attempt: 1,
+		ID: newID(), FirstSeq: m.seq, LastSeq: m.seq, InboxID: l.inbox().ID, Kind: session.KindCommand, Attempt: 1,
 		SessionID: l.entry.SessionID, Owner: w.owner, Epoch: l.lease.Epoch, StartedAt: now,
 	}
 	cmd := m.body.Command

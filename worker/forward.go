@@ -40,11 +40,24 @@ import (
 // leaves the delivery unacknowledged, so the server delivers it again after
 // the consumer's ack wait, as it does with the deliveries a dead owner held
 // itself; the lease-expiry wake-ups do not depend on it.
+//
+// A forward names the incarnation of the inbox stream its delivery came
+// from (hdrFwdInbox: the identity of the sender's broker.Inbox). An inbox
+// stream deleted and made again under the same name counts its seqs from 1
+// again, and the two workers may not have noticed it at the same moment: the
+// receiver judges the delivery's seq only against that same incarnation
+// (see forwardedIncarnation), and hands it back otherwise, as it does a
+// delivery it pulled itself from an incarnation that is not current. A
+// forward without the header (from a worker that predates it) is taken as
+// of the receiver's incarnation of the stream, as before.
 
 // Headers of a forwarded delivery. The data is the delivery's reply subject.
 const (
 	hdrFwdLane    = "Fleet-Fwd-Lane"
 	hdrFwdSubject = "Fleet-Fwd-Subject"
+	// hdrFwdInbox is the identity (fleet_inbox_id) of the incarnation of
+	// the inbox stream the delivery came from.
+	hdrFwdInbox = "Fleet-Fwd-Inbox"
 )
 
 // forwardToken is the subject token of a worker's forward subject: a hash
@@ -66,12 +79,13 @@ type heldInfo struct {
 	owner string    // the holder's owner id ("" when unknown)
 }
 
-// forward sends msg, a delivery of lane laneTok, to the worker with owner id
-// owner. It reports false when it could not be sent (the caller hands the
-// delivery back instead).
-func (w *Worker) forward(owner, laneTok string, msg jetstream.Msg) bool {
+// forward sends msg, a delivery of lane laneTok from incarnation from of its
+// inbox stream, to the worker with owner id owner. It reports false when it
+// could not be sent, or from is not known or no longer current (the caller
+// hands the delivery back instead).
+func (w *Worker) forward(owner, laneTok string, msg jetstream.Msg, from *broker.Inbox) bool {
 	reply := msg.Reply()
-	if reply == "" || owner == "" || owner == w.owner {
+	if reply == "" || owner == "" || owner == w.owner || from == nil || from.Stale() {
 		return false
 	}
 	if v, ok := w.fwd.gone.Load(owner); ok {
@@ -86,6 +100,7 @@ func (w *Worker) forward(owner, laneTok string, msg jetstream.Msg) bool {
 	fm.Reply = w.fwd.inbox + "." + id
 	fm.Header.Set(hdrFwdLane, laneTok)
 	fm.Header.Set(hdrFwdSubject, msg.Subject())
+	fm.Header.Set(hdrFwdInbox, from.ID)
 	if k := msg.Headers().Get(broker.HdrSessionKey); k != "" {
 		fm.Header.Set(broker.HdrSessionKey, k)
 	}
@@ -142,14 +157,32 @@ func (w *Worker) subscribeForwards() (unsub func(), err error) {
 			return
 		}
 		w.stats.ForwardsReceived.Add(1)
+		from := w.inboxes.ByName(streamOf(d))
+		id := m.Header.Get(hdrFwdInbox)
+		mismatch := id != "" && (from == nil || from.ID != id || from.Stale())
 		if w.draining() {
-			w.drainingForward(laneTok, d)
+			if mismatch {
+				// Of another incarnation than this worker's: handed back
+				// (a draining worker takes no new view of the stream).
+				from = nil
+			}
+			w.drainingForward(laneTok, d, from)
 			return
+		}
+		if mismatch {
+			if from = w.forwardedIncarnation(from, id); from == nil {
+				// Of an incarnation that is not current (the sender's
+				// view is the older), or not known yet: handed back, as
+				// a delivery of a stale incarnation pulled here is.
+				w.stats.ForwardsStale.Add(1)
+				_ = d.NakWithDelay(time.Second)
+				return
+			}
 		}
 		// Never forwarded again from here: a lane this worker does not run
 		// gets a runner, which judges by the lease (and forwards to its
 		// holder, if another worker took it meanwhile).
-		if !w.runLocal(laneTok, d, w.inboxes.ByName(streamOf(d)), false) {
+		if !w.runLocal(laneTok, d, from, false) {
 			_ = d.NakWithDelay(fwdBackDelay)
 		}
 	})
@@ -176,10 +209,13 @@ func (w *Worker) subscribeForwards() (unsub func(), err error) {
 //     deleted first: see release), or acks it if its commit covers it.
 //   - A lane it does not run is handed back at once, unless this worker
 //     may still hold its lease (mayHold): then with a delay, as before.
-func (w *Worker) drainingForward(laneTok string, d jetstream.Msg) {
+//
+// from is this worker's incarnation of the delivery's inbox stream, nil
+// when the delivery is of another (a lane it runs hands it back).
+func (w *Worker) drainingForward(laneTok string, d jetstream.Msg, from *broker.Inbox) {
 	w.mu.Lock()
 	l := w.lanes[laneTok]
-	held := l != nil && l.offer(d, w.inboxes.ByName(streamOf(d)))
+	held := l != nil && l.offer(d, from)
 	w.mu.Unlock()
 	switch {
 	case held:
@@ -188,6 +224,46 @@ func (w *Worker) drainingForward(laneTok string, d jetstream.Msg) {
 	default:
 		_ = d.Nak()
 	}
+}
+
+// forwardedIncarnation returns this worker's incarnation of inbox stream cur's
+// stream when it is the one with identity id, which a forwarded delivery
+// came from, or nil. cur, the set's incarnation now, is another: either the
+// sender's is the older (this worker already took the stream's new
+// incarnation, or found it gone) or this worker's is (it has not noticed
+// yet). The stream's identity is read (InboxSet.Reopen) to tell which: a
+// newer incarnation found is taken by the set at once, as a check of the
+// pull loop would. A read that found cur current within the last second
+// is not repeated for forwards of the same other identity: an older
+// sender's held deliveries come in a burst.
+func (w *Worker) forwardedIncarnation(cur *broker.Inbox, id string) *broker.Inbox {
+	if cur == nil {
+		return nil // a stream the inbox map does not name here
+	}
+	now := time.Now()
+	w.fwd.mu.Lock()
+	c := w.fwd.checked
+	w.fwd.mu.Unlock()
+	if c.in == cur && c.id == id && now.Before(c.until) && !cur.Stale() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.hardCtx), 5*time.Second)
+	defer cancel()
+	fresh, err := w.inboxes.Reopen(ctx, cur, false)
+	if err != nil {
+		w.log.Warn("check inbox stream of a forwarded delivery", slog.String("stream", cur.Name), slog.Any("error", err))
+		return nil
+	}
+	if fresh != cur {
+		w.log.Warn("inbox stream made again: reopened", slog.String("stream", cur.Name), slog.String("inbox_id", fresh.ID), slog.String("was", cur.ID))
+	}
+	if fresh.ID != id || fresh.Stale() {
+		w.fwd.mu.Lock()
+		w.fwd.checked = fwdChecked{in: fresh, id: id, until: now.Add(time.Second)}
+		w.fwd.mu.Unlock()
+		return nil
+	}
+	return fresh
 }
 
 // mayHoldLease reports whether this worker may hold the lease of a lane it
@@ -233,6 +309,18 @@ type forwards struct {
 	// gone holds the owner ids a forward to which bounced: owner -> time
 	// until which nothing is forwarded to it.
 	gone sync.Map
+	// checked is the last identity check of a forwarded delivery's
+	// incarnation that found it not current (forwardedIncarnation;
+	// guarded by mu).
+	checked fwdChecked
+}
+
+// fwdChecked is an identity check that found inbox stream incarnation in
+// current and forwards of incarnation id not, remembered until until.
+type fwdChecked struct {
+	in    *broker.Inbox
+	id    string
+	until time.Time
 }
 
 type pendingFwd struct {
@@ -317,7 +405,7 @@ func (o *owner) forwardHeld(owner string, delay time.Duration) {
 	o.mu.Lock()
 	var back bool
 	for s, m := range o.held {
-		if !o.w.forward(owner, o.lane, m) {
+		if !o.w.forward(owner, o.lane, m, o.heldFrom) {
 			back = true
 			continue
 		}

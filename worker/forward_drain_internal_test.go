@@ -330,7 +330,7 @@ func TestDrainingForwardMayStillHold(t *testing.T) {
 	w := &Worker{lanes: map[string]*lane{}}
 	handBack := func() []time.Duration {
 		m := &fakeMsg{}
-		w.drainingForward("l", m)
+		w.drainingForward("l", m, nil)
 		return m.naks
 	}
 	if got := handBack(); !slices.Equal(got, []time.Duration{-1}) {

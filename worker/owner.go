@@ -214,6 +214,12 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 		// counts in (a new stream, or its partition moved) starts over:
 		// only the stream a partition is assigned to holds its messages.
 		if e.InboxID != in.ID {
+			if e.Turn != nil && e.Turn.InboxID == "" {
+				// The turn in flight keeps the stream its seqs count
+				// in: its recovery ends it without settling them here
+				// (see recoverTurn).
+				e.Turn.InboxID = e.InboxID
+			}
 			e.InboxID = in.ID
 			e.CommittedSeq = 0
 		}

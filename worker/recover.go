@@ -137,10 +137,18 @@ func (l *lane) recoverTurn() error {
 		l.log.Warn("load transcript for recovery", slog.Any("error", err))
 		return l.failed(err)
 	}
-	msgs, err := l.readRange(t.FirstSeq, t.LastSeq)
-	if err != nil {
-		l.log.Warn("read turn range", slog.Any("error", err))
-		return l.failed(err)
+	// A turn recorded in another incarnation of the inbox stream than
+	// the one the lane is read from now (the stream was deleted and made
+	// again while the turn was in flight): its messages went with the old
+	// stream, and its seqs name other messages in the new one. None is read
+	// or settled by them (see endGoneTurn).
+	gone := l.entry.TurnInboxID() != l.inbox().ID
+	var msgs []inboxMsg
+	if !gone {
+		if msgs, err = l.readRange(t.FirstSeq, t.LastSeq); err != nil {
+			l.log.Warn("read turn range", slog.Any("error", err))
+			return l.failed(err)
+		}
 	}
 	src := sourceOf(l.entry, msgs)
 	if err := l.republishInterim(st, t, src); err != nil {
@@ -168,6 +176,9 @@ func (l *lane) recoverTurn() error {
 			status = StatusCompleted
 		}
 		return l.finish(st, t, status, nil, l.endedEffect(st, t, status, msgs))
+	}
+	if gone && t.Kind != session.KindCommand {
+		return l.endGoneTurn(st, t, src)
 	}
 	if t.Kind == session.KindCommand {
 		if len(msgs) > 0 && msgs[0].body.Command == session.CmdRetry {
@@ -270,6 +281,46 @@ func (l *lane) recoverTurn() error {
 	w.cfg.Metrics.TurnResumed(context.Background())
 	l.turnEvent("start", t, "")
 	return l.execute(t, msgs, true)
+}
+
+// endGoneTurn ends an interrupted turn whose inbox messages are gone: its
+// seqs count in an incarnation of the inbox stream that the lane is no
+// longer read from (the stream was deleted and made again; its new
+// incarnation counts from 1). It is not run again, nothing is read by its
+// seqs, and none of the new stream's seqs is settled by them: the turn
+// ends interrupted with its transcript entries as written, and the commit
+// leaves committed_seq, which counts in the new stream since the lane was
+// taken there (begin), as it is (see commitTurn). As for any interrupted
+// turn (DESIGN §5) the attempt counts, the third in a row suspends the
+// lane with the notice (there is nothing left to dead-letter), and the
+// session is marked resume_pending from the interruption: the user's next
+// message continues it with the resume note, and a fresh marker gets its
+// automatic resume, which continues from the transcript.
+func (l *lane) endGoneTurn(st *txState, t *session.TurnIntent, src session.SessionSource) error {
+	reason := ResumeRestartInterrupted
+	if l.entry.ResumePending && (l.entry.ResumeReason == ResumeRestartTimeout || l.entry.ResumeReason == ResumeShutdownTimeout) {
+		reason = l.entry.ResumeReason
+	}
+	interrupted := l.interruptedCount(t)
+	if interrupted >= MaxInterruptedTurns {
+		return l.deadLetter(st, t, nil, src, interrupted)
+	}
+	at := interruptedAt(st, t, l.entry)
+	updated := l.entry.UpdatedAt
+	l.log.Warn("interrupted turn's messages are gone with the inbox stream it was recorded in (deleted and made again); turn ended, not run again",
+		slog.String("turn_inbox_id", l.entry.TurnInboxID()), slog.String("inbox_id", l.inbox().ID),
+		slog.Uint64("first_seq", t.FirstSeq), slog.Uint64("last_seq", t.LastSeq))
+	l.w.event("resume_gone", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "reason": reason,
+		"inbox_id": l.entry.TurnInboxID(), "first_seq": t.FirstSeq, "last_seq": t.LastSeq})
+	if err := l.finish(st, t, StatusInterrupted, nil, func(e *session.SessionEntry) {
+		e.MarkResumePending(reason, at)
+		e.InterruptedTurns = interrupted
+		e.UpdatedAt = updated
+	}); err != nil {
+		return err
+	}
+	l.autoCheck = true
+	return nil
 }
 
 // recoverRetry resumes an interrupted /retry. Its rewind is stored and is

@@ -2,11 +2,15 @@ package worker_test
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/test/natstest"
+	"github.com/agentfleet/agentfleet/transcript"
 	"github.com/agentfleet/agentfleet/worker"
 )
 
@@ -370,6 +374,168 @@ func TestInboxRecreatedUnderAnOwnerAtCapacity(t *testing.T) {
 		return nil
 	})
 	f.checkAnsweredOnce(lane, sent...)
+}
+
+// TestInboxRecreatedUnderAnInterruptedTurn: a turn was in flight when the
+// inbox stream was deleted, and its worker died before the turn ended: the
+// lane's entry keeps the turn's record, whose seqs count in the old stream.
+// The worker that takes the lane on the new stream (seqs from 1) must not
+// read or settle the new stream's messages by those seqs: the turn's
+// messages are gone, so it ends the turn (interrupted, the session resume
+// pending) without running it again, and the new stream's messages, whose
+// seqs are below the old turn's, are each answered once, in order. The
+// record may name its stream, or, written by an older worker, not (then
+// it counts in the entry's).
+func TestInboxRecreatedUnderAnInterruptedTurn(t *testing.T) {
+	for _, named := range []bool{false, true} {
+		t.Run(fmt.Sprintf("record names its stream %v", named), func(t *testing.T) {
+			f := newFleet(t)
+			_, stop := f.startStoppable("first", nil)
+			var sent []string
+			var lane string
+			var seq uint64
+			for i := 0; i < 3; i++ {
+				text := fmt.Sprintf("before %d", i)
+				lane, seq = f.post("it", text, fmt.Sprintf("b%d", i))
+				sent = append(sent, text)
+				f.waitCommitted(lane, seq)
+			}
+			stop()
+			// The worker that ran the turn of seq 4 died: its record stays.
+			_, seq = f.post("it", "lost with the stream", "lost")
+			turn := f.crashedTurn(lane, seq, time.Now())
+			if named {
+				old := f.inboxID()
+				e, rev, err := f.store.Get(t.Context(), lane)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, _, err := f.store.Mutate(t.Context(), lane, e, rev, nil, func(e *session.SessionEntry) (*session.SessionEntry, error) {
+					e.Turn.InboxID = old
+					return e, nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			newID := f.recreateInbox()
+			var last uint64
+			for i := 0; i < 2; i++ {
+				text := fmt.Sprintf("after %d", i)
+				_, last = f.post("it", text, fmt.Sprintf("a%d", i))
+				sent = append(sent, text)
+			}
+			if last >= turn.LastSeq {
+				t.Fatalf("new stream seq %d, old turn's last seq %d: the case was not made", last, turn.LastSeq)
+			}
+			f.startWorker("back", nil)
+			var e *session.SessionEntry
+			natstest.WaitFor(t, 30*time.Second, "the new messages committed", func() error {
+				var err error
+				if e, _, err = f.store.Get(t.Context(), lane); err != nil {
+					return err
+				}
+				if e.InboxID != newID || e.CommittedSeq < last || e.Turn != nil {
+					return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v", e.InboxID, newID, e.CommittedSeq, last, e.Turn != nil)
+				}
+				return nil
+			})
+			if e.CommittedSeq != last {
+				t.Errorf("committed seq %d in the new stream, which holds %d messages of the lane: settled by the old turn's seqs", e.CommittedSeq, last)
+			}
+			f.checkAnsweredOnce(lane, sent...)
+			ended := false
+			for _, en := range f.load(e.SessionID) {
+				if en.Kind == transcript.KindTurnEnd && en.TurnID == turn.ID {
+					ended = true
+					if en.Status != transcript.StatusInterrupted {
+						t.Errorf("the old turn ended %q, want %q", en.Status, transcript.StatusInterrupted)
+					}
+				}
+			}
+			if !ended {
+				t.Error("the old turn has no turn end in the transcript")
+			}
+		})
+	}
+}
+
+// TestInboxRecreatedUnderATurnCutByADrain: the same window as
+// TestInboxRecreatedUnderAnInterruptedTurn, reached the common way: a turn
+// runs when the inbox stream is deleted and made again, and its worker is
+// stopped before the turn ends, so the drain cuts it and keeps its record
+// (which names the old stream). The worker that takes the lane on the new
+// stream ends that turn without running it again and answers each of the
+// new stream's messages once, in order.
+func TestInboxRecreatedUnderATurnCutByADrain(t *testing.T) {
+	f := newFleet(t)
+	_, stop := f.startStoppable("first", func(c *worker.Config) { c.DrainTimeout = 500 * time.Millisecond })
+	var sent []string
+	var lane string
+	var seq uint64
+	for i := 0; i < 4; i++ {
+		text := fmt.Sprintf("before %d", i)
+		lane, seq = f.post("dr", text, fmt.Sprintf("b%d", i))
+		sent = append(sent, text)
+		f.waitCommitted(lane, seq)
+	}
+	_, seq = f.post("dr", "!sleep 60s", "long")
+	natstest.WaitFor(t, 20*time.Second, "the long turn running", func() error {
+		e, _, err := f.store.Get(t.Context(), lane)
+		if err != nil {
+			return err
+		}
+		if e.Turn == nil {
+			return fmt.Errorf("no turn")
+		}
+		return nil
+	})
+	newID := f.recreateInbox()
+	stop()
+	e, _, err := f.store.Get(t.Context(), lane)
+	if err != nil || e.Turn == nil || e.Turn.LastSeq != seq {
+		t.Fatalf("the drain left no record of the cut turn (%v): the case was not made", err)
+	}
+	turnID := e.Turn.ID
+	var last uint64
+	for i := 0; i < 2; i++ {
+		text := fmt.Sprintf("after %d", i)
+		_, last = f.post("dr", text, fmt.Sprintf("a%d", i))
+		sent = append(sent, text)
+	}
+	if last >= seq {
+		t.Fatalf("new stream seq %d, the cut turn's seq %d: the case was not made", last, seq)
+	}
+	f.startWorker("back", nil)
+	natstest.WaitFor(t, 30*time.Second, "the new messages committed", func() error {
+		var err error
+		if e, _, err = f.store.Get(t.Context(), lane); err != nil {
+			return err
+		}
+		if e.InboxID != newID || e.CommittedSeq < last || e.Turn != nil {
+			return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v", e.InboxID, newID, e.CommittedSeq, last, e.Turn != nil)
+		}
+		return nil
+	})
+	// The drain told the user the turn was cut (no other worker ran):
+	// notices aside, the answers are each message's, once, in order.
+	var got []string
+	for _, r := range f.replies(lane) {
+		if r.Kind == session.ReplyKindReply {
+			got = append(got, strings.Split(strings.TrimPrefix(r.Text, "echo: "), "\n")...)
+		}
+	}
+	if !slices.Equal(got, sent) {
+		t.Errorf("answers %q, want %q (each message once, in inbox order)", got, sent)
+	}
+	ended := false
+	for _, en := range f.load(e.SessionID) {
+		if en.Kind == transcript.KindTurnEnd && en.TurnID == turnID {
+			ended = en.Status == transcript.StatusInterrupted
+		}
+	}
+	if !ended {
+		t.Error("the cut turn did not end interrupted in the transcript")
+	}
 }
 
 // TestInboxRecreatedWhileDisconnected: the inbox stream is deleted and made

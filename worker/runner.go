@@ -273,6 +273,15 @@ func (l *lane) recoverAll(reset bool) bool {
 			}
 			return true
 		}
+		if in := l.in.Load(); in != nil && in.Stale() && l.ctx.Err() == nil && !l.w.draining() {
+			// The stream the ownership reads was deleted (and maybe made
+			// again) under the turn: no retry here can read it. The lane
+			// is released with its turn record, and its next owner, on
+			// the new incarnation, ends the turn (endGoneTurn).
+			l.log.Warn("recover turn: the lane's inbox stream is gone; lane released", slog.Any("error", err))
+			l.release()
+			return false
+		}
 		if l.settle(nil, err) != keepOwning {
 			return false
 		}

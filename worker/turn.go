@@ -80,6 +80,7 @@ func (l *lane) recordIntent(st *step) (*session.TurnIntent, error) {
 		ID:                newID(),
 		FirstSeq:          st.msgs[0].seq,
 		LastSeq:           st.msgs[len(st.msgs)-1].seq,
+		InboxID:           l.inbox().ID,
 		Kind:              st.kind,
 		Attempt:           1,
 		SessionID:         dec.SessionID,
@@ -634,7 +635,11 @@ func (l *lane) commitTurn(intent *session.TurnIntent, status string, u *agent.Us
 		if e.LastTurnID == intent.ID || e.Turn == nil || e.Turn.ID != intent.ID {
 			return nil, kv.ErrNoChange
 		}
-		if intent.LastSeq > e.CommittedSeq {
+		// The turn's seqs move committed_seq only in the stream they
+		// count in: a turn recorded in an incarnation of the inbox
+		// stream that the lane no longer reads (it was deleted and made
+		// again, see begin) ends without settling any seq of the new one.
+		if intent.LastSeq > e.CommittedSeq && e.TurnInboxID() == e.InboxID {
 			e.CommittedSeq = intent.LastSeq
 		}
 		e.LastTurnID = intent.ID

@@ -114,6 +114,10 @@ type Stats struct {
 	Forwarded        atomic.Int64
 	ForwardsReceived atomic.Int64
 	ForwardsBounced  atomic.Int64
+	// ForwardsStale counts forwards handed back because their delivery
+	// came from another incarnation of the inbox stream than the one
+	// this worker found current (the stream was deleted and made again).
+	ForwardsStale atomic.Int64
 	// Sweeps counts the expiry sweeps this worker ran as the watcher's
 	// leader.
 	Sweeps atomic.Int64
@@ -392,7 +396,7 @@ func (w *Worker) dispatch(from *broker.Inbox, msg jetstream.Msg) {
 	if v, ok := w.heldElsewhere.Load(laneTok); ok && !redelivered && msg.Headers().Get(broker.HdrKind) != KindInternalHeader {
 		if h := v.(heldInfo); time.Now().Before(h.until) && h.owner != w.owner {
 			w.stats.HeldElsewhere.Add(1)
-			if !w.forward(h.owner, laneTok, msg) {
+			if !w.forward(h.owner, laneTok, msg, from) {
 				_ = msg.NakWithDelay(time.Second)
 			}
 			return

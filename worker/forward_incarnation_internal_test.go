@@ -1,0 +1,177 @@
+package worker
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/agentfleet/agentfleet/agent/echo"
+	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/kv"
+	"github.com/agentfleet/agentfleet/session"
+	"github.com/agentfleet/agentfleet/test/natstest"
+)
+
+// TestForwardOfAnotherIncarnation: a delivery forwarded to a worker is
+// judged against the incarnation of the inbox stream it came from, which
+// the forward names, not against whichever incarnation the receiver has.
+// The lane's entry counts committed seq 4 in the stream's first
+// incarnation, and the forwarded delivery has seq 1:
+//   - from an incarnation the receiver does not have (the sender's view is
+//     not current): handed back, not acked as committed;
+//   - from the stream's new incarnation, which the receiver has not noticed
+//     yet (the stream was deleted and made again, seqs from 1): the
+//     receiver reads the stream's identity, takes the new incarnation and
+//     hands the delivery back, rather than ack a new message as committed
+//     in the old stream;
+//   - a forward without the incarnation (a worker that predates it) is
+//     judged by the receiver's view, as before: acked as committed.
+//
+// The receiver runs no pull loop and no identity check (its Run is not
+// started; only its forward subscription is), so nothing but the forward
+// can tell it the stream was made again.
+func TestForwardOfAnotherIncarnation(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		recreate bool
+		header   func(oldID, newID string) string
+		want     string
+	}{
+		{"sender's incarnation not current", false, func(string, string) string { return "0123456789abcdef0123456789abcdef" }, "-NAK"},
+		{"receiver's view older", true, func(_, newID string) string { return newID }, "-NAK"},
+		{"no incarnation header", false, func(string, string) string { return "" }, "+ACK"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv, _, js, names, res := provisionFleet(t, 3*time.Second)
+			nc := srv.Connect(t)
+			wjs := natstest.JetStream(t, nc)
+			wres, err := broker.Provision(t.Context(), wjs, broker.ProvisionConfig{Names: names, LeaseTTL: 3 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := New(nc, wjs, wres, Config{ID: "receiver", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 3 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			unsub, err := w.subscribeForwards()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				unsub()
+				w.hardStop()
+				w.wg.Wait()
+				w.ajs.CleanupPublisher()
+			})
+
+			key, lane := chatLane("fwd-" + strings.ReplaceAll(tc.name, " ", "-"))
+			oldID := res.InboxID
+			store := kv.NewStore(res, nil)
+			if _, _, err := store.Mutate(t.Context(), lane, nil, 0, nil, func(*session.SessionEntry) (*session.SessionEntry, error) {
+				return &session.SessionEntry{SessionKey: key, InboxID: oldID, CommittedSeq: 4}, nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			newID := oldID
+			if tc.recreate {
+				if err := js.DeleteStream(t.Context(), names.InboxStream()); err != nil {
+					t.Fatal(err)
+				}
+				rres, err := broker.Provision(t.Context(), natstest.JetStream(t, srv.Connect(t)), broker.ProvisionConfig{Names: names, LeaseTTL: 3 * time.Second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if newID = rres.InboxID; newID == oldID {
+					t.Fatal("the recreated stream kept its identity")
+				}
+			}
+			if cur := w.inboxes.ForLane(lane); cur.ID != oldID || cur.Stale() {
+				t.Fatalf("the receiver's view changed before the forward (%s, stale %v): the case was not made", cur.ID, cur.Stale())
+			}
+
+			// The delivery of seq 1, as the sender got it from the
+			// workers consumer; the test watches its acknowledgements.
+			obs := srv.Connect(t)
+			reply := fmt.Sprintf("$JS.ACK.%s.%s.1.1.1.%d.0", names.InboxStream(), names.WorkersConsumer(), time.Now().UnixNano())
+			acks, err := obs.SubscribeSync(reply)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := obs.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			fm := nats.NewMsg(w.forwardSubject(w.Owner()))
+			fm.Data = []byte(reply)
+			fm.Header.Set(hdrFwdLane, lane)
+			fm.Header.Set(hdrFwdSubject, names.InboxSubject(session.Partition(names.Prefix(), lane), lane))
+			fm.Header.Set(broker.HdrSessionKey, key)
+			fm.Header.Set(broker.HdrKind, session.KindMessage)
+			if id := tc.header(oldID, newID); id != "" {
+				fm.Header.Set(hdrFwdInbox, id)
+			}
+			if err := obs.PublishMsg(fm); err != nil {
+				t.Fatal(err)
+			}
+			var got string
+			for got == "" || got == "+WPI" {
+				m, err := acks.NextMsg(30 * time.Second)
+				if err != nil {
+					t.Fatalf("no acknowledgement of the forwarded delivery: %v", err)
+				}
+				got = string(m.Data)
+			}
+			if !strings.HasPrefix(got, tc.want) {
+				t.Fatalf("the forwarded delivery was answered %q, want %s", got, tc.want)
+			}
+			if tc.recreate {
+				if cur := w.inboxes.ForLane(lane); cur.ID != newID {
+					t.Errorf("the receiver's incarnation is %s after the forward, want the new %s", cur.ID, newID)
+				}
+			}
+		})
+	}
+}
+
+// TestForwardNamesItsIncarnation: a forward carries the identity of the
+// incarnation its delivery came from; a delivery of no known incarnation
+// is not forwarded (the caller hands it back).
+func TestForwardNamesItsIncarnation(t *testing.T) {
+	t.Parallel()
+	_, nc, js, names, res := provisionFleet(t, 3*time.Second)
+	w, err := New(nc, js, res, Config{ID: "sender", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.ajs.CleanupPublisher)
+	const target = "target/00000000"
+	sub, err := nc.SubscribeSync(w.forwardSubject(target))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	w.fwd.inbox = nc.NewInbox()
+	_, lane := chatLane("names")
+	d := &fwdDelivery{m: &nats.Msg{Subject: names.InboxSubject(session.Partition(names.Prefix(), lane), lane),
+		Reply: "$JS.ACK.x.y.1.1.1.1.0", Header: nats.Header{}}}
+	in := &broker.Inbox{Name: names.InboxStream(), ID: "incarnation-1"}
+	if !w.forward(target, lane, d, in) {
+		t.Fatal("not forwarded")
+	}
+	m, err := sub.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Header.Get(hdrFwdInbox); got != in.ID {
+		t.Fatalf("forward names incarnation %q, want %q", got, in.ID)
+	}
+	if w.forward(target, lane, d, nil) {
+		t.Error("a delivery of no known incarnation was forwarded")
+	}
+}
