@@ -11,42 +11,62 @@ const (
 	advisoryConsumer = "$JS.EVENT.ADVISORY.CONSUMER."
 )
 
+// The actions of the advisories InboxAdvisories names.
+const (
+	AdvisoryCreated = "CREATED"
+	AdvisoryDeleted = "DELETED"
+	AdvisoryUpdated = "UPDATED"
+)
+
 // InboxAdvisories are the subjects of the advisories that tell of an inbox
-// stream, or its workers consumer, made, deleted or changed. A subject
-// token cannot be matched by a prefix, so they take those of every stream
-// of the account: InboxAdvisory picks out the fleet's.
+// stream made, deleted or changed, or of its workers consumer made or
+// deleted: each one named, for every inbox stream a fleet can have
+// (MaxInboxStreams), so that a subscriber hears of no other stream.
 func (n Names) InboxAdvisories() []string {
-	return []string{
-		advisoryStream + "CREATED.*",
-		advisoryStream + "DELETED.*",
-		advisoryStream + "UPDATED.*",
-		advisoryConsumer + "CREATED.*." + n.WorkersConsumer(),
-		advisoryConsumer + "DELETED.*." + n.WorkersConsumer(),
+	var out []string
+	for _, s := range n.inboxStreams() {
+		for _, a := range []string{AdvisoryCreated, AdvisoryDeleted, AdvisoryUpdated} {
+			out = append(out, advisoryStream+a+"."+s)
+		}
+		for _, a := range []string{AdvisoryCreated, AdvisoryDeleted} {
+			out = append(out, advisoryConsumer+a+"."+s+"."+n.WorkersConsumer())
+		}
 	}
+	return out
 }
 
-// InboxAdvisory reads the subject of an advisory InboxAdvisories matches:
-// the inbox stream it is about, and whether it tells of a deletion (of the
-// stream or of its workers consumer). ok is false for any other subject,
-// and for a stream that is not one of the fleet's inbox streams.
-func (n Names) InboxAdvisory(subject string) (stream string, deleted, ok bool) {
-	var action, consumer string
+// InboxAdvisory is what the subject of one of InboxAdvisories tells.
+type InboxAdvisory struct {
+	// Stream is the inbox stream the advisory is about.
+	Stream string
+	// Action is AdvisoryCreated, AdvisoryDeleted or AdvisoryUpdated.
+	Action string
+	// Consumer is set for an advisory of the stream's workers consumer.
+	Consumer bool
+}
+
+// ParseInboxAdvisory reads the subject of an advisory InboxAdvisories
+// names. ok is false for any other subject, and for a stream that is not
+// one of the fleet's inbox streams.
+func (n Names) ParseInboxAdvisory(subject string) (a InboxAdvisory, ok bool) {
 	if rest, found := strings.CutPrefix(subject, advisoryStream); found {
-		action, stream, _ = strings.Cut(rest, ".")
-		if action != "CREATED" && action != "DELETED" && action != "UPDATED" {
-			return "", false, false
+		a.Action, a.Stream, _ = strings.Cut(rest, ".")
+		if a.Action != AdvisoryCreated && a.Action != AdvisoryDeleted && a.Action != AdvisoryUpdated {
+			return InboxAdvisory{}, false
 		}
 	} else if rest, found := strings.CutPrefix(subject, advisoryConsumer); found {
-		action, rest, _ = strings.Cut(rest, ".")
-		stream, consumer, _ = strings.Cut(rest, ".")
-		if (action != "CREATED" && action != "DELETED") || consumer != n.WorkersConsumer() {
-			return "", false, false
+		var consumer string
+		a.Action, rest, _ = strings.Cut(rest, ".")
+		a.Stream, consumer, _ = strings.Cut(rest, ".")
+		if (a.Action != AdvisoryCreated && a.Action != AdvisoryDeleted) || consumer != n.WorkersConsumer() {
+			return InboxAdvisory{}, false
 		}
+		a.Consumer = true
 	} else {
-		return "", false, false
+		return InboxAdvisory{}, false
 	}
-	if _, ok := n.InboxStreamIndex(stream); !ok {
-		return "", false, false
+	if _, ok := n.InboxStreamIndex(a.Stream); !ok {
+		return InboxAdvisory{}, false
 	}
-	return stream, action == "DELETED", true
+	return a, true
 }

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go"
+
+	"github.com/agentfleet/agentfleet/broker"
 )
 
 const (
@@ -27,6 +30,10 @@ const (
 	inboxCheckPoll = 10 * time.Second
 )
 
+// reconnectCheckMax is the longest wait after the connection comes back
+// before the streams' identities are read (watchInboxes).
+const reconnectCheckMax = 5 * time.Second
+
 // reopenRetryMax is the longest wait between two reads of an inbox stream
 // that is away (deleted, not made again yet).
 const reopenRetryMax = 5 * time.Second
@@ -38,16 +45,17 @@ const reopenRetryMax = 5 * time.Second
 // the new incarnation as the old.
 //
 // JetStream's advisories tell of an inbox stream or its workers consumer
-// deleted, made or changed (followInboxAdvisories): on a deletion the
-// stream's incarnation is marked stale at once, and on each the stream is
-// read again (InboxSet.Reopen, which takes a new incarnation into the set;
-// Run then pulls from it), and read again with backoff while it is away,
-// until the set has its current incarnation or no longer names it. As the
-// server sends an advisory at most once, every stream's identity is also
-// read about every inboxCheckLive, and at once when the connection comes
-// back; when the advisories cannot be followed, about every inboxCheckPoll.
-// One stream read per stream each time, and nothing more while nothing
-// changed.
+// deleted, made or changed (followInboxAdvisories): on a deletion of the
+// set's incarnation the stream is marked stale at once (onInboxAdvisory),
+// and on each (on a change only while the stream is away or stale) the
+// stream is read again (InboxSet.Reopen, which takes a new incarnation into
+// the set; Run then pulls from it), and read again with backoff while it is
+// away, until the set has its current incarnation or no longer names it.
+// As the server sends an advisory at most once, every stream's identity is
+// also read about every inboxCheckLive, and within reconnectCheckMax (at
+// random) after the connection comes back; when the advisories cannot be
+// followed, about every inboxCheckPoll. One stream read per stream each
+// time, and nothing more while nothing changed.
 func (w *Worker) watchInboxes(ctx context.Context) {
 	adv := &inboxAdvisories{due: map[string]bool{}, kick: make(chan struct{}, 1)}
 	period := w.cfg.inboxCheck.poll
@@ -92,10 +100,26 @@ func (w *Worker) watchInboxes(ctx context.Context) {
 				stopAdv()
 				stopAdv, reconnected, period = nil, nil, w.cfg.inboxCheck.poll
 			}
-			w.checkAllInboxes(ctx, retryAt)
-			check.Reset(jittered(period))
+			// Within reconnectCheckMax, at random: every worker came
+			// back at once, to a server that may have just started.
+			// The pull loops check their streams' identities before
+			// they take a delivery after a reconnect (pullLoop), so the
+			// wait leaves no delivery of a stream made again taken as
+			// the old one's.
+			check.Reset(mrand.N(reconnectCheckMax))
 		case <-adv.kick:
-			due = adv.take()
+			for name, notOnlyChanged := range adv.take() {
+				// A change (an advisory of UPDATED only) is read only
+				// for a stream away or in doubt: a migration changes
+				// streams' subjects many times, and every worker would
+				// read the stream each time. An edit of a current
+				// stream's fleet_inbox_id is found by the periodic
+				// check.
+				in := w.inboxes.ByName(name)
+				if notOnlyChanged || retryAt[name] != nil || (in != nil && in.Stale()) {
+					due = append(due, name)
+				}
+			}
 		case <-retry.C:
 			now := time.Now()
 			for name, r := range retryAt {
@@ -132,15 +156,18 @@ func jittered(d time.Duration) time.Duration {
 // inboxAdvisories are the inbox streams JetStream's advisories told of, not
 // yet read again.
 type inboxAdvisories struct {
-	mu  sync.Mutex
+	mu sync.Mutex
+	// due has each stream told of, and whether an advisory other than a
+	// change (UPDATED) told of it.
 	due map[string]bool
 	// kick has a value when due has streams.
 	kick chan struct{}
 }
 
-func (a *inboxAdvisories) note(stream string) {
+// note notes an advisory of stream; updated when it tells of a change.
+func (a *inboxAdvisories) note(stream string, updated bool) {
 	a.mu.Lock()
-	a.due[stream] = true
+	a.due[stream] = a.due[stream] || !updated
 	a.mu.Unlock()
 	select {
 	case a.kick <- struct{}{}:
@@ -148,23 +175,23 @@ func (a *inboxAdvisories) note(stream string) {
 	}
 }
 
-func (a *inboxAdvisories) take() []string {
+// take returns the streams noted, each with whether an advisory other than
+// a change told of it, and forgets them.
+func (a *inboxAdvisories) take() map[string]bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make([]string, 0, len(a.due))
-	for s := range a.due {
-		out = append(out, s)
-	}
-	clear(a.due)
+	out := a.due
+	a.due = map[string]bool{}
 	return out
 }
 
 // followInboxAdvisories subscribes to JetStream's advisories of the inbox
 // streams and their workers consumers made, deleted or changed
 // (broker.Names.InboxAdvisories) and notes in adv each one about a stream
-// of the set; one about a deletion marks the stream's incarnation stale at
-// once. The advisories come through one channel, in the order the server
-// sent them (a deletion is never taken after the making that followed it).
+// of the set (onInboxAdvisory). The advisories come through one channel, in
+// the order the server sent them (a deletion is never taken after the
+// making that followed it; another reader may have installed that making's
+// incarnation already, though).
 // It fails when the server refuses the subscriptions; stop ends them.
 func (w *Worker) followInboxAdvisories(adv *inboxAdvisories) (stop func(), err error) {
 	subjects := w.names.InboxAdvisories()
@@ -195,24 +222,60 @@ func (w *Worker) followInboxAdvisories(adv *inboxAdvisories) (stop func(), err e
 			case <-quit:
 				return
 			case m := <-ch:
-				name, deleted, ok := w.names.InboxAdvisory(m.Subject)
-				if !ok {
-					continue
-				}
-				in := w.inboxes.ByName(name)
-				if in == nil {
-					// The map does not name the stream (a migration
-					// removed it): nothing of it is read any more.
-					continue
-				}
-				if deleted {
-					in.MarkStale()
-				}
-				adv.note(name)
+				w.onInboxAdvisory(m, adv)
 			}
 		}
 	}()
 	return func() { unsubscribe(); close(quit); <-done }, nil
+}
+
+// onInboxAdvisory takes one advisory of the inbox streams (m): it notes the
+// stream in adv, to be read again, unless the set no longer names it. An
+// advisory of the deletion of the set's incarnation of the stream, or of
+// its workers consumer, marks that incarnation stale at once; one sent
+// before the incarnation was made (of the one before it, taken late: after
+// a reader installed the new one) does not.
+func (w *Worker) onInboxAdvisory(m *nats.Msg, adv *inboxAdvisories) {
+	a, ok := w.names.ParseInboxAdvisory(m.Subject)
+	if !ok {
+		return
+	}
+	in := w.inboxes.ByName(a.Stream)
+	if in == nil {
+		// The map does not name the stream (a migration removed it):
+		// nothing of it is read any more.
+		return
+	}
+	if a.Action == broker.AdvisoryDeleted && !sentBefore(m.Data, madeAt(in, a.Consumer)) {
+		in.MarkStale()
+	}
+	adv.note(a.Stream, a.Action == broker.AdvisoryUpdated)
+}
+
+// madeAt is when in's stream, or with consumer its workers consumer, was
+// made, as the server said when in was opened.
+func madeAt(in *broker.Inbox, consumer bool) time.Time {
+	if consumer && in.Consumer != nil {
+		if ci := in.Consumer.CachedInfo(); ci != nil {
+			return ci.Created
+		}
+	}
+	if si := in.Stream.CachedInfo(); si != nil {
+		return si.Created
+	}
+	return time.Time{}
+}
+
+// sentBefore reports whether advisory data says it was sent before t. An
+// advisory whose time cannot be read, or a zero t, is not.
+func sentBefore(data []byte, t time.Time) bool {
+	var adv struct {
+		Time time.Time `json:"timestamp"`
+	}
+	if t.IsZero() || json.Unmarshal(data, &adv) != nil || adv.Time.IsZero() {
+		return false
+	}
+	return adv.Time.Before(t)
 }
 
 // advisoriesRefused reports the server's refusal of a subscription to one
