@@ -2,11 +2,16 @@ package worker
 
 import (
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/agentfleet/agentfleet/agent/echo"
 	"github.com/agentfleet/agentfleet/broker"
+	"github.com/agentfleet/agentfleet/test/natstest"
 )
+
+const advTestTTL = 3 * time.Second
 
 // TestAdvisoriesRefused: the subscriptions to the inbox advisories of a user
 // whose permissions refuse them are found refused (the worker then reads the
@@ -42,5 +47,96 @@ func TestAdvisoriesRefused(t *testing.T) {
 			t.Errorf("%s: refused %v, want refused %t", c.role, err, c.refused)
 		}
 		nc.Close()
+	}
+}
+
+// TestOldDeletionAdvisoryLeavesNewIncarnation: an advisory of the inbox
+// stream's deletion (or of its workers consumer's) taken after a reader
+// installed the incarnation made after it does not mark that incarnation
+// stale; one of the deletion of the set's incarnation does.
+func TestOldDeletionAdvisoryLeavesNewIncarnation(t *testing.T) {
+	t.Parallel()
+	srv, _, js, names, res := provisionFleet(t, advTestTTL)
+	wnc := srv.Connect(t)
+	w, err := New(wnc, natstest.JetStream(t, wnc), res, Config{ID: "w1", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: advTestTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	anc := srv.Connect(t)
+	advs := make(chan *nats.Msg, 64)
+	for _, s := range names.InboxAdvisories() {
+		if _, err := anc.ChanSubscribe(s, advs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := anc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	stream := names.InboxStream()
+	// next is the next advisory of the deletion of the stream (consumer
+	// false) or of its workers consumer.
+	next := func(consumer bool) *nats.Msg {
+		t.Helper()
+		deadline := time.After(30 * time.Second)
+		for {
+			select {
+			case m := <-advs:
+				if a, ok := names.ParseInboxAdvisory(m.Subject); ok && a.Action == broker.AdvisoryDeleted && a.Consumer == consumer {
+					return m
+				}
+			case <-deadline:
+				t.Fatalf("no deletion advisory (consumer %t)", consumer)
+			}
+		}
+	}
+	provision := func() {
+		t.Helper()
+		if _, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{Names: names, LeaseTTL: advTestTTL}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// reopen installs the stream's current incarnation, as the pull loop
+	// does when its pull tells it the old one is gone.
+	reopen := func() *broker.Inbox {
+		t.Helper()
+		in, err := w.inboxes.Reopen(t.Context(), w.inboxes.ByName(stream), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in.Stale() || w.inboxes.ByName(stream) != in {
+			t.Fatal("the set did not take the new incarnation")
+		}
+		return in
+	}
+	adv := &inboxAdvisories{due: map[string]bool{}, kick: make(chan struct{}, 1)}
+
+	for _, consumer := range []bool{false, true} {
+		if consumer {
+			if err := js.DeleteConsumer(t.Context(), stream, names.WorkersConsumer()); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := js.DeleteStream(t.Context(), stream); err != nil {
+			t.Fatal(err)
+		}
+		old := next(consumer)
+		provision()
+		in := reopen()
+		w.onInboxAdvisory(old, adv)
+		if in.Stale() {
+			t.Errorf("consumer %t: an advisory of the deletion before it marked the new incarnation stale", consumer)
+		}
+		if !adv.take()[stream] {
+			t.Errorf("consumer %t: the advisory was not noted", consumer)
+		}
+		// The deletion of the incarnation the set has marks it stale.
+		if err := js.DeleteConsumer(t.Context(), stream, names.WorkersConsumer()); err != nil {
+			t.Fatal(err)
+		}
+		w.onInboxAdvisory(next(true), adv)
+		if !in.Stale() {
+			t.Errorf("consumer %t: an advisory of the current consumer's deletion did not mark the incarnation stale", consumer)
+		}
+		provision()
+		reopen()
 	}
 }
