@@ -540,18 +540,19 @@ func TestInboxRecreatedUnderATurnCutByADrain(t *testing.T) {
 
 // TestInboxRecreatedWhileDisconnected: the inbox stream is deleted and made
 // again while the worker's connection to NATS is down, so no advisory of it
-// reaches the worker, and its periodic check is an hour away. When the
-// connection comes back, the worker's pull is served by the new
-// incarnation's consumer at once: the worker checks the stream's identity
-// before it takes those deliveries for the old stream's, and the new
-// messages, whose seqs are below the lane's committed seq in the old
+// reaches the worker. The worker does not follow the advisories, and its
+// periodic check is an hour away (and so is not run after a reconnect
+// either). When the connection comes back, the worker's pull is served by
+// the new incarnation's consumer at once: the pull loop checks the stream's
+// identity before it takes those deliveries for the old stream's, and the
+// new messages, whose seqs are below the lane's committed seq in the old
 // stream, are answered once.
 func TestInboxRecreatedWhileDisconnected(t *testing.T) {
 	f := newFleet(t)
 	p := newTCPProxy(t, f.srv.URL())
 	w := f.startWorkerViaWith("w1", p.URL(), func(c *worker.Config) {
 		c.Linger = 200 * time.Millisecond
-		worker.SetInboxCheck(c, time.Hour, time.Hour, true)
+		worker.SetInboxCheck(c, time.Hour, time.Hour, false)
 	})
 	var sent []string
 	var lane string
