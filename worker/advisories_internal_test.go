@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -139,4 +140,78 @@ func TestOldDeletionAdvisoryLeavesNewIncarnation(t *testing.T) {
 		provision()
 		reopen()
 	}
+}
+
+// TestChangeAdvisoryReadOnlyInDoubt: a stream told of only as changed
+// (STREAM.UPDATED) is read again only while it is away (a read is to be
+// tried again) or stale; told of as made or deleted, it is read again.
+func TestChangeAdvisoryReadOnlyInDoubt(t *testing.T) {
+	t.Parallel()
+	srv, _, _, names, res := provisionFleet(t, advTestTTL)
+	wnc := srv.Connect(t)
+	w, err := New(wnc, natstest.JetStream(t, wnc), res, Config{ID: "w1", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: advTestTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := names.InboxStream()
+	none := map[string]*reopenRetry{}
+	if got := w.toReread(map[string]bool{stream: false}, none); len(got) != 0 {
+		t.Errorf("a change of a current stream: read again %v", got)
+	}
+	if got := w.toReread(map[string]bool{stream: true}, none); len(got) != 1 {
+		t.Errorf("a making or deletion: read again %v, want %s", got, stream)
+	}
+	if got := w.toReread(map[string]bool{stream: false}, map[string]*reopenRetry{stream: {}}); len(got) != 1 {
+		t.Errorf("a change of a stream away: read again %v, want %s", got, stream)
+	}
+	w.inboxes.ByName(stream).MarkStale()
+	if got := w.toReread(map[string]bool{stream: false}, none); len(got) != 1 {
+		t.Errorf("a change of a stale stream: read again %v, want %s", got, stream)
+	}
+}
+
+// TestInboxIdentityMetadataEdited: an edit of the inbox stream that removes
+// its fleet_inbox_id (the stream's change is not read again on its
+// advisory) is found by the periodic check, which marks the stream stale;
+// putting it back is found and the stream taken again.
+func TestInboxIdentityMetadataEdited(t *testing.T) {
+	t.Parallel()
+	srv, _, js, names, res := provisionFleet(t, advTestTTL)
+	wnc := srv.Connect(t)
+	cfg := Config{ID: "w1", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: advTestTTL}
+	cfg.inboxCheck = inboxCheckConfig{live: 2 * time.Second, poll: time.Hour}
+	w, err := New(wnc, natstest.JetStream(t, wnc), res, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, w, "worker w1")
+	stream := names.InboxStream()
+	s, err := js.Stream(t.Context(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := s.CachedInfo().Config
+	id := sc.Metadata[broker.InboxIDMetadata]
+	edit := func(md map[string]string) {
+		t.Helper()
+		c := sc
+		c.Metadata = md
+		if _, err := js.UpdateStream(t.Context(), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	edit(map[string]string{})
+	natstest.WaitFor(t, 30*time.Second, "the stream stale", func() error {
+		if in := w.inboxes.ByName(stream); in == nil || !in.Stale() {
+			return fmt.Errorf("not stale")
+		}
+		return nil
+	})
+	edit(map[string]string{broker.InboxIDMetadata: id})
+	natstest.WaitFor(t, 30*time.Second, "the stream taken again", func() error {
+		if in := w.inboxes.ByName(stream); in == nil || in.Stale() || in.ID != id {
+			return fmt.Errorf("not taken again")
+		}
+		return nil
+	})
 }

@@ -108,18 +108,7 @@ func (w *Worker) watchInboxes(ctx context.Context) {
 			// the old one's.
 			check.Reset(mrand.N(reconnectCheckMax))
 		case <-adv.kick:
-			for name, notOnlyChanged := range adv.take() {
-				// A change (an advisory of UPDATED only) is read only
-				// for a stream away or in doubt: a migration changes
-				// streams' subjects many times, and every worker would
-				// read the stream each time. An edit of a current
-				// stream's fleet_inbox_id is found by the periodic
-				// check.
-				in := w.inboxes.ByName(name)
-				if notOnlyChanged || retryAt[name] != nil || (in != nil && in.Stale()) {
-					due = append(due, name)
-				}
-			}
+			due = w.toReread(adv.take(), retryAt)
 		case <-retry.C:
 			now := time.Now()
 			for name, r := range retryAt {
@@ -182,6 +171,23 @@ func (a *inboxAdvisories) take() map[string]bool {
 	defer a.mu.Unlock()
 	out := a.due
 	a.due = map[string]bool{}
+	return out
+}
+
+// toReread are the streams of told (inboxAdvisories.take) to read again. A
+// stream told of only as changed (STREAM.UPDATED) is read again only while
+// it is away or stale (retryAt, Inbox.Stale): a migration changes the
+// streams' subjects many times, and every worker would read the stream each
+// time. An edit of a current stream's fleet_inbox_id is found by the
+// periodic check.
+func (w *Worker) toReread(told map[string]bool, retryAt map[string]*reopenRetry) []string {
+	var out []string
+	for name, notOnlyChanged := range told {
+		in := w.inboxes.ByName(name)
+		if notOnlyChanged || retryAt[name] != nil || (in != nil && in.Stale()) {
+			out = append(out, name)
+		}
+	}
 	return out
 }
 
