@@ -259,7 +259,11 @@ func (w *Worker) onInboxAdvisory(m *nats.Msg, adv *inboxAdvisories) {
 }
 
 // madeAt is when in's stream, or with consumer its workers consumer, was
-// made, as the server said when in was opened.
+// made, as the server said when in was opened. (In a cluster the making
+// and the deletion may be timed by two servers' clocks: a deletion taken
+// late and timed a moment after the making that followed it still marks
+// the new incarnation stale, which costs a release and retake of its
+// lanes, no more.)
 func madeAt(in *broker.Inbox, consumer bool) time.Time {
 	if consumer && in.Consumer != nil {
 		if ci := in.Consumer.CachedInfo(); ci != nil {
