@@ -142,6 +142,8 @@ func TestRolesAreRefusedOutsideTheirSets(t *testing.T) {
 		_ = short(wrk).DeleteConsumer(ctx, n.OutboxStream(), "deliver_http")
 	})
 	wrk.refused(t, "worker calls the state database's API", n.APISubject("stats"), pub(wrk, n.APISubject("stats")))
+	wrk.refused(t, "worker hears another stream's advisories", "$JS.EVENT.ADVISORY.STREAM.DELETED."+n.TranscriptStream(),
+		sub(wrk, "$JS.EVENT.ADVISORY.STREAM.DELETED."+n.TranscriptStream()))
 	if _, err := short(wrk).Publish(ctx, n.TranscriptSubject("s1"), []byte("entry")); err != nil {
 		t.Errorf("worker cannot append a transcript: %v", err)
 	}
