@@ -385,6 +385,11 @@ func TestInboxRecreatedUnderAnInterruptedTurn(t *testing.T) {
 					if en.Status != transcript.StatusInterrupted {
 						t.Errorf("the old turn ended %q, want %q", en.Status, transcript.StatusInterrupted)
 					}
+					// Its end names the marker its commit sets (for an owner
+					// that finds the end without the commit).
+					if en.ResumeReason != worker.ResumeRestartInterrupted || en.InterruptedAt == nil {
+						t.Errorf("the old turn's end names resume reason %q, interrupted at %v", en.ResumeReason, en.InterruptedAt)
+					}
 				}
 			}
 			if !ended {
@@ -526,5 +531,71 @@ func TestInboxRecreatedUnderAClaimedMessage(t *testing.T) {
 	owner, found, err := msgids.Find(t.Context(), "http:cl:lost")
 	if err != nil || !found || owner != (kv.MsgRef{Seq: last, Inbox: newID}) {
 		t.Errorf("msgids record %+v (found %v, %v), want seq %d of the new stream", owner, found, err, last)
+	}
+}
+
+// TestInterruptedEndFoundWithoutItsCommit: a recovery that ends a turn
+// interrupted without running it again (its messages gone with a deleted
+// inbox stream, or its interruption stale) appends the turn_end, then
+// commits with the resume marker and the interrupted count; its worker
+// died between the two. The next owner finds the turn ended and must set
+// the same marker and count in its commit (the turn_end names them), not
+// commit the turn as if nothing were pending.
+func TestInterruptedEndFoundWithoutItsCommit(t *testing.T) {
+	for _, gone := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream gone %v", gone), func(t *testing.T) {
+			f := newFleet(t)
+			_, stop := f.startStoppable("first", noReset)
+			chat := fmt.Sprintf("endcut-%v", gone)
+			lane, seq := f.post(chat, "hello", "h")
+			f.waitCommitted(lane, seq)
+			stop()
+			_, seq = f.post(chat, "long task", "long")
+			at := time.Now().Add(-2 * time.Hour).UTC().Truncate(time.Second)
+			turn := f.crashedTurn(lane, seq, at)
+			e, rev, err := f.store.Get(t.Context(), lane)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if gone {
+				old := f.inboxID()
+				if _, _, err := f.store.Mutate(t.Context(), lane, e, rev, nil, func(e *session.SessionEntry) (*session.SessionEntry, error) {
+					e.Turn.InboxID = old
+					return e, nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+				f.recreateInbox()
+			}
+			// What the dead worker's recovery wrote before its commit.
+			last, _, err := f.tx.LastSeq(t.Context(), e.SessionID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			end := transcript.Entry{ID: turn.ID + ":end", Kind: transcript.KindTurnEnd, TurnID: turn.ID, Status: transcript.StatusInterrupted,
+				ResumeReason: worker.ResumeRestartInterrupted, InterruptedAt: &at}
+			if _, err := f.tx.Append(t.Context(), e.SessionID, last, &end); err != nil {
+				t.Fatal(err)
+			}
+			f.startWorker("back", func(c *worker.Config) {
+				c.Reset.Default, c.Freshness = session.ResetPolicy{Mode: session.ResetNone}, time.Hour
+			})
+			natstest.WaitFor(t, 30*time.Second, "the ended turn committed", func() error {
+				if e, _, err = f.store.Get(t.Context(), lane); err != nil {
+					return err
+				}
+				if e.Turn != nil || e.LastTurnID != turn.ID {
+					return fmt.Errorf("turn %v, last turn %q", e.Turn != nil, e.LastTurnID)
+				}
+				return nil
+			})
+			if !e.ResumePending || e.ResumeReason != worker.ResumeRestartInterrupted || e.InterruptedTurns != 1 {
+				t.Errorf("resume_pending %v %q, interrupted_turns %d; want pending (%s), 1",
+					e.ResumePending, e.ResumeReason, e.InterruptedTurns, worker.ResumeRestartInterrupted)
+			}
+			if e.LastResumeMarkedAt == nil || !e.LastResumeMarkedAt.Equal(at) {
+				t.Errorf("marker %v, want the interruption's time %v", e.LastResumeMarkedAt, at)
+			}
+		})
 	}
 }
