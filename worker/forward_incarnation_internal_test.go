@@ -175,3 +175,81 @@ func TestForwardNamesItsIncarnation(t *testing.T) {
 		t.Error("a delivery of no known incarnation was forwarded")
 	}
 }
+
+// TestForwardIncarnationReadsAtMostOncePerSecond: while the inbox stream
+// is gone (deleted, not yet made again), the identity check of forwarded
+// deliveries of another incarnation fails; a burst of such forwards (a
+// lagging sender's held deliveries) must not cost a read of the stream
+// each, in the forward subscription's callback: the failure is remembered
+// for a second, whatever incarnation the forwards name.
+func TestForwardIncarnationReadsAtMostOncePerSecond(t *testing.T) {
+	t.Parallel()
+	srv, _, js, names, _ := provisionFleet(t, 3*time.Second)
+	nc := srv.Connect(t)
+	wjs := natstest.JetStream(t, nc)
+	wres, err := broker.Provision(t.Context(), wjs, broker.ProvisionConfig{Names: names, LeaseTTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := New(nc, wjs, wres, Config{ID: "receiver", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		w.hardStop()
+		w.wg.Wait()
+		w.ajs.CleanupPublisher()
+	})
+	_, lane := chatLane("fwd-burst")
+	cur := w.inboxes.ForLane(lane)
+	if err := js.DeleteStream(t.Context(), names.InboxStream()); err != nil {
+		t.Fatal(err)
+	}
+	// The stream reads the worker makes, as the server sees them.
+	obs := srv.Connect(t)
+	reads, err := obs.SubscribeSync("$JS.API.STREAM.INFO.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := obs.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var first time.Time
+	calls := 0
+	for i := 0; i < 20; i++ {
+		if from := w.forwardedIncarnation(cur, fmt.Sprintf("%032x", i)); from != nil {
+			t.Fatalf("forward %d: taken on incarnation %s of a stream that is gone", i, from.ID)
+		}
+		if i == 0 {
+			first = time.Now()
+		} else if time.Since(first) > 500*time.Millisecond {
+			break // the machine is slow: count only what falls in the second
+		}
+		calls++
+	}
+	if calls < 2 {
+		t.Fatalf("%d forwards within half a second: the case was not made", calls)
+	}
+	// A marker from the worker's connection, after its reads: when it
+	// arrives, they all have.
+	const marker = "$JS.API.STREAM.INFO.no-such-stream-marker"
+	if err := nc.Publish(marker, nil); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for {
+		m, err := reads.NextMsg(30 * time.Second)
+		if err != nil {
+			t.Fatalf("the marker did not arrive: %v", err)
+		}
+		if m.Subject == marker {
+			break
+		}
+		if m.Subject == "$JS.API.STREAM.INFO."+names.InboxStream() {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d forwards read the stream %d times, want once", calls, n)
+	}
+}
