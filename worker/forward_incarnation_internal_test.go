@@ -2,11 +2,13 @@ package worker
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/agent/echo"
 	"github.com/agentfleet/agentfleet/broker"
@@ -251,5 +253,63 @@ func TestForwardIncarnationReadsAtMostOncePerSecond(t *testing.T) {
 	}
 	if n != 1 {
 		t.Errorf("%d forwards read the stream %d times, want once", calls, n)
+	}
+}
+
+// settleMsg is a held delivery of a stream that records how it was settled.
+type settleMsg struct {
+	jetstream.Msg
+	stream string
+	seq    uint64
+	got    []string
+}
+
+func (m *settleMsg) Metadata() (*jetstream.MsgMetadata, error) {
+	return &jetstream.MsgMetadata{Stream: m.stream, Sequence: jetstream.SequencePair{Stream: m.seq}}, nil
+}
+func (m *settleMsg) Ack() error                       { m.got = append(m.got, "ack"); return nil }
+func (m *settleMsg) Nak() error                       { m.got = append(m.got, "nak"); return nil }
+func (m *settleMsg) NakWithDelay(time.Duration) error { m.got = append(m.got, "nak"); return nil }
+
+// TestAckUpToStaleIncarnation: a lane whose inbox stream incarnation went
+// stale (the stream was deleted and made again) hands its held deliveries
+// back when it acks up to its committed seq (a release does), even those
+// at or below it: an ack names the consumer, not its incarnation, so the
+// new stream's consumer could take it for its own delivery of that seq.
+// While the incarnation is current, those are acked.
+func TestAckUpToStaleIncarnation(t *testing.T) {
+	t.Parallel()
+	_, nc, js, names, res := provisionFleet(t, 30*time.Second)
+	w, err := New(nc, js, res, Config{ID: "w", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, lane := chatLane("ack-stale")
+	o := newOwner(w, lane)
+	in := o.bind()
+	hold := func() (*settleMsg, *settleMsg) {
+		below, above := &settleMsg{stream: in.Name, seq: 3}, &settleMsg{stream: in.Name, seq: 7}
+		o.mu.Lock()
+		o.held[3], o.held[7] = below, above
+		o.mu.Unlock()
+		return below, above
+	}
+	below, above := hold()
+	if o.ackUpTo(5); !slices.Equal(below.got, []string{"ack"}) || len(above.got) != 0 {
+		t.Fatalf("current incarnation: seq 3 %v, seq 7 %v; want seq 3 acked, seq 7 held", below.got, above.got)
+	}
+	o.mu.Lock()
+	delete(o.held, 7)
+	o.mu.Unlock()
+	// The incarnation found gone: stale.
+	if _, err := w.inboxes.Reopen(t.Context(), in, true); err != nil {
+		t.Fatal(err)
+	}
+	if !in.Stale() {
+		t.Fatal("the incarnation is not stale: the case was not made")
+	}
+	below, above = hold()
+	if held := o.ackUpTo(5); held || !slices.Equal(below.got, []string{"nak"}) || !slices.Equal(above.got, []string{"nak"}) {
+		t.Fatalf("stale incarnation: seq 3 %v, seq 7 %v, still held %v; want both handed back", below.got, above.got, held)
 	}
 }
