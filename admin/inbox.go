@@ -71,6 +71,12 @@ type MigrateReport struct {
 	// Moved counts the partition moves made, each time a partition moved
 	// again (see strays) included.
 	Moved int `json:"moved"`
+	// Strays counts the partitions found with messages left in a stream
+	// the map does not assign them to (see strays), each time one was
+	// found; each is answered by moving its partition again (counted in
+	// Moved), or the command fails with ErrInBothStreams. A run at the
+	// fleet's count moves nothing else: it only looks for these.
+	Strays int `json:"strays"`
 	// Drain is the longest time one batch waited for its old stream's
 	// messages to be committed.
 	Drain time.Duration `json:"drain_ns"`
@@ -106,7 +112,14 @@ var ErrMapChanged = errors.New("the inbox map changed under the migration (anoth
 // migration stopped anywhere is finished by running it again with the same
 // target. Streams are added before partitions move in and deleted after
 // the last one moved out.
-func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) (MigrateReport, error) {
+//
+// Run with the fleet's own count and no migration under way, it moves no
+// partition to change the count: it only looks over every stream for
+// messages left in one their partition is not assigned to (see strays),
+// settles what it finds as a migration's last look does (the partition
+// moved again, or ErrInBothStreams), and reports it (Strays). With nothing
+// found that is one stream info request per stream and no map write.
+func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) (rep MigrateReport, err error) {
 	start := time.Now()
 	if o.Batch <= 0 {
 		o.Batch = 8
@@ -138,14 +151,30 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 	if err := mg.load(ctx); err != nil {
 		return MigrateReport{}, err
 	}
-	rep := MigrateReport{From: mg.m.Streams, To: target}
+	rep = MigrateReport{From: mg.m.Streams, To: target}
 	if mg.m.From != 0 {
 		rep.From = mg.m.From
 	}
 	if mg.m.Target != 0 && mg.m.Target != target {
 		return rep, fmt.Errorf("a migration to %d streams is under way: finish it first (fleetctl inbox streams %d)", mg.m.Target, mg.m.Target)
 	}
+	defer func() { rep.Strays = mg.found }()
 	if !mg.m.Migrating() && mg.m.Streams == target {
+		// Nothing to move: a look for messages left in streams their
+		// partitions are not assigned to (see strays), answered as a
+		// migration's last look answers them. It costs one stream info
+		// request per stream, and writes the map only when it finds one.
+		if err := mg.lookAll(ctx, &rep); err != nil {
+			return rep, err
+		}
+		if rep.Moved > 0 {
+			// The moves' drain markers.
+			for i := 0; i < mg.m.Streams; i++ {
+				if err := mg.purgeMarkers(ctx, i); err != nil {
+					return rep, err
+				}
+			}
+		}
 		// A migration stopped after its last map write leaves its emptied
 		// streams behind. Their delete is the one step the map's
 		// compare-and-set does not guard: the map is written first
@@ -344,6 +373,7 @@ type migration struct {
 	log    *slog.Logger
 	m      broker.InboxMap
 	rev    uint64
+	found  int // partitions strays found in a stream not assigned to them
 }
 
 // load reads the map from its stream's leader: a direct get may be answered
@@ -604,7 +634,7 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 // partition may be about to move back into that stream, where its lanes
 // would read it first, after their newer messages) and once more before its
 // last map write (which also covers a run stopped between an open and its
-// look). A partition with messages in both streams by then stays closed
+// look); a run at the fleet's count only looks (see MigrateInbox). A partition with messages in both streams by then stays closed
 // and the migration fails (ErrInBothStreams, see reopen): nothing is
 // deleted or answered out of order by the migration itself. A message its
 // lane committed in the old stream (an owner still bound there) is purged
@@ -622,6 +652,7 @@ func (mg *migration) strays(ctx context.Context, moves []broker.Move) (int, time
 			return 0, 0, fmt.Errorf("partition %d in its old stream %s after its move: %w (run the command again: it looks again)", mv.P, name, err)
 		}
 		if found {
+			mg.found++
 			mg.log.Warn("inbox partition has a message in its old stream after its move: moved again", slog.Int("partition", mv.P),
 				slog.String("stream", name), slog.Uint64("seq", seq), slog.String("new_stream", f.Names.InboxStreamAt(mv.To)))
 			var zero uint64

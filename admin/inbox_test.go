@@ -1636,3 +1636,87 @@ func TestMigrateInboxStraysMoveInBatches(t *testing.T) {
 		}
 	}
 }
+
+// TestMigrateInboxAtItsCountLooksForStrays: the command run with the
+// fleet's own count moves nothing to change it, but looks for messages left
+// in a stream their partition is not assigned to (a stray a migration's last
+// look missed) and settles them as a migration's look does. With none, it
+// writes nothing (the map's revision is unchanged). With a stray whose
+// partition's stream holds nothing of it, the partition moves through its
+// old stream and the stray is answered there, in order; the report counts
+// the stray and the move. With a newer message of its lane in the
+// partition's stream, the partition closes and the command fails with
+// ErrInBothStreams, answering nothing out of order.
+func TestMigrateInboxAtItsCountLooksForStrays(t *testing.T) {
+	for _, c := range []string{"none", "stray", "newer"} {
+		t.Run(c, func(t *testing.T) {
+			f := newMigrateFleet(t)
+			first := f.post("first")
+			f.waitCommitted(0, first.Sequence)
+			o := admin.MigrateOptions{DrainTimeout: 30 * time.Second}
+			if _, err := f.fl.MigrateInbox(t.Context(), 2, o); err != nil {
+				t.Fatal(err)
+			}
+			_, rev, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var stray *jetstream.PubAck
+			want := []string{"first", "after"}
+			switch c {
+			case "stray":
+				stray = f.storeLate("stray")
+				want = []string{"first", "stray", "after"}
+			case "newer":
+				n := f.post("newer")
+				f.waitCommitted(1, n.Sequence)
+				stray = f.storeLate("stray")
+			}
+			rep, err := f.fl.MigrateInbox(t.Context(), 2, o)
+			if c == "newer" {
+				checkInBoth(t, f, err, stray.Sequence, "can no longer be answered in order")
+				if rep.Strays != 1 {
+					t.Errorf("the report counts %d strays, want 1", rep.Strays)
+				}
+				if users := f.users(); !slices.Equal(users, []string{"first", "newer"}) {
+					t.Fatalf("user entries %q, want first, newer", users)
+				}
+				f.removeMsg(0, stray.Sequence)
+				rep, err = f.fl.MigrateInbox(t.Context(), 2, o)
+				want = []string{"first", "newer", "after"}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, rev2, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Streams != 2 || m.Migrating() {
+				t.Fatalf("after the command the map is %s", m)
+			}
+			f.checkSubjects(m)
+			checkInboxHolds(t, f.js, f.names, m)
+			if rep.From != 2 || rep.To != 2 {
+				t.Errorf("the report says %d -> %d streams, want 2 -> 2", rep.From, rep.To)
+			}
+			switch c {
+			case "none":
+				if rev2 != rev || rep.Moved != 0 || rep.Strays != 0 {
+					t.Fatalf("with nothing to do, the map went from revision %d to %d, the report %+v; want no write, nothing moved or found", rev, rev2, rep)
+				}
+			case "stray":
+				if rep.Moved != 1 || rep.Strays != 1 {
+					t.Fatalf("the report %+v, want 1 stray found and 1 move", rep)
+				}
+				if f.holds(0, stray.Sequence) {
+					t.Fatal("the stray is still in stream 0")
+				}
+			}
+			f.postAfterTheMove()
+			if users := f.users(); !slices.Equal(users, want) {
+				t.Fatalf("user entries %q, want %q", users, want)
+			}
+		})
+	}
+}

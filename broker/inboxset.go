@@ -40,6 +40,11 @@ type Inbox struct {
 // identity): its seqs, reads and deliveries count for nothing now.
 func (in *Inbox) Stale() bool { return in.stale.Load() }
 
+// MarkStale marks the incarnation stale: for a reader told that the stream
+// or its workers consumer was deleted (an advisory), before it reads the
+// stream again (Reopen).
+func (in *Inbox) MarkStale() { in.stale.Store(true) }
+
 // InboxSet is a process's view of the inbox map and the streams it names.
 // Readers ask it for a lane's stream; Watch keeps it current while the map
 // changes (a migration), and Changed signals each change.

@@ -116,6 +116,11 @@ func Permissions(role string, n Names, inboxPrefix string) (*server.Permissions,
 		p.pub(n.TranscriptWildcard(), n.OutboxWildcard(), n.EventWildcard(), n.DeadLetterWildcard(),
 			n.DeltaWildcard(), n.EvictSubject(), n.ForwardWildcard(), n.InboxWildcard())
 		p.sub(n.HintWildcard(), n.EvictSubject(), n.ForwardWildcard())
+		// JetStream's advisories of streams and workers consumers made or
+		// deleted: a worker reopens an inbox stream deleted and made again
+		// at once (they name any stream of the account: the worker picks
+		// out the fleet's inbox streams).
+		p.sub(n.InboxAdvisories()...)
 		p.readStream(tx, out, ev)
 		p.readStream(ins...)
 		for _, s := range ins {

@@ -112,6 +112,17 @@ type Config struct {
 	// TracerProvider traces deliveries and turns, continuing the trace
 	// the ingress put in each inbox message's headers; nil traces nothing.
 	TracerProvider trace.TracerProvider
+
+	// inboxCheck changes the inbox streams' identity check (tests).
+	inboxCheck inboxCheckConfig
+}
+
+// inboxCheckConfig sets the inbox streams' identity check (watchInboxes):
+// its average periods while the worker follows the streams' advisories
+// (live) and while it cannot (poll), and whether it follows them.
+type inboxCheckConfig struct {
+	live, poll   time.Duration
+	noAdvisories bool
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -161,6 +172,8 @@ func (c *Config) withDefaults() (Config, error) {
 	def(&out.BacklogInterval, 15*time.Second)
 	def(&out.StoreRetryBudget, 5*time.Minute)
 	def(&out.PruneInterval, time.Hour)
+	def(&out.inboxCheck.live, inboxCheckLive)
+	def(&out.inboxCheck.poll, inboxCheckPoll)
 	if out.BusyMode == "" {
 		out.BusyMode = d.Worker.BusyMode
 	}

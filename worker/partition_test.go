@@ -152,6 +152,13 @@ func (p *tcpProxy) close() {
 // startWorkerVia runs a worker whose NATS connection goes through url.
 func (f *fleet) startWorkerVia(id, url string) {
 	f.t.Helper()
+	f.startWorkerViaWith(id, url, nil)
+}
+
+// startWorkerViaWith is startWorkerVia with mod applied to the worker's
+// configuration; it returns the worker.
+func (f *fleet) startWorkerViaWith(id, url string, mod func(*worker.Config)) *worker.Worker {
+	f.t.Helper()
 	nc, err := nats.Connect(url, nats.Name(id), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
 		nats.IgnoreDiscoveredServers(), nats.RetryOnFailedConnect(true))
 	if err != nil {
@@ -166,6 +173,9 @@ func (f *fleet) startWorkerVia(id, url string) {
 	cfg := worker.Config{ID: id, Names: f.names, Backend: echo.Backend(echo.Options{}), LeaseTTL: testTTL,
 		LeaseMargin: 500 * time.Millisecond, Linger: 500 * time.Millisecond, PeekInterval: 100 * time.Millisecond,
 		DrainTimeout: 2 * time.Second, BusyMode: worker.BusyQueue}
+	if mod != nil {
+		mod(&cfg)
+	}
 	w, err := worker.New(nc, js, res, cfg)
 	if err != nil {
 		f.t.Fatal(err)
@@ -184,6 +194,7 @@ func (f *fleet) startWorkerVia(id, url string) {
 			f.t.Errorf("worker %s did not stop", id)
 		}
 	})
+	return w
 }
 
 // TestWorkerPartitionedFromNATS: a worker whose connections to NATS are all

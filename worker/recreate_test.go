@@ -21,9 +21,19 @@ import (
 // its seqs starting again at 1. It returns the new identity.
 func (f *fleet) recreateInbox() string {
 	f.t.Helper()
+	return f.recreateInboxAfter(nil)
+}
+
+// recreateInboxAfter is recreateInbox that calls away, when not nil, while
+// the stream is deleted, before it is made again.
+func (f *fleet) recreateInboxAfter(away func()) string {
+	f.t.Helper()
 	old := f.inboxID()
 	if err := f.js.DeleteStream(f.t.Context(), f.names.InboxStream()); err != nil {
 		f.t.Fatal(err)
+	}
+	if away != nil {
+		away()
 	}
 	nc := f.srv.Connect(f.t)
 	res, err := broker.Provision(f.t.Context(), natstest.JetStream(f.t, nc), broker.ProvisionConfig{Names: f.names, LeaseTTL: testTTL})
@@ -202,61 +212,110 @@ func TestInboxRecreatedUnderARunningWorker(t *testing.T) {
 // TestInboxRecreatedWhileAtCapacity: the worker is at capacity (its one lane
 // slot held by a long turn), so its pull loop waits to hand a delivery over
 // and its pull on the server runs out: when the inbox stream is deleted,
-// no pull of it is waiting, and no word of the deletion reaches it. The
-// next pull, once the slot frees, is served by the new incarnation's
-// consumer. Its deliveries must not be taken for the old stream's: the
-// worker checks the stream's identity before pulling again.
+// no pull of it is waiting, and no word of the deletion reaches it through
+// the pull. The next pull, once the slot frees, is served by the new
+// incarnation's consumer. Its deliveries must not be taken for the old
+// stream's. The worker learns of the new stream:
+//   - "advisory": from JetStream's advisories of the stream deleted and
+//     made again, at once (the periodic check is an hour away);
+//   - "periodic check": without the advisories, from its periodic read of
+//     the stream's identity (every second here);
+//   - "away check": with neither, from the check of the stream's identity
+//     its pull loop makes before it pulls again.
+//
+// In the first two, the worker stops using the old stream while it is away,
+// and takes the new one while the long turn still holds the slot.
 func TestInboxRecreatedWhileAtCapacity(t *testing.T) {
-	f := newFleet(t)
-	f.startWorker("w1", func(c *worker.Config) { c.MaxLanes = 1; c.Linger = 200 * time.Millisecond })
-	var sent []string
-	var lane string
-	for i := 0; i < 4; i++ {
-		text := fmt.Sprintf("before %d", i)
-		var seq uint64
-		lane, seq = f.post("z", text, fmt.Sprintf("b%d", i))
-		sent = append(sent, text)
-		f.waitCommitted(lane, seq)
+	for _, tc := range []struct {
+		name             string
+		live, poll       time.Duration
+		advisories, soon bool
+	}{
+		{"advisory", time.Hour, time.Hour, true, true},
+		{"periodic check", time.Hour, time.Second, false, true},
+		{"away check", time.Hour, time.Hour, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFleet(t)
+			w := f.startWorker("w1", func(c *worker.Config) {
+				c.MaxLanes = 1
+				c.Linger = 200 * time.Millisecond
+				worker.SetInboxCheck(c, tc.live, tc.poll, tc.advisories)
+			})
+			var sent []string
+			var lane string
+			for i := 0; i < 4; i++ {
+				text := fmt.Sprintf("before %d", i)
+				var seq uint64
+				lane, seq = f.post("z", text, fmt.Sprintf("b%d", i))
+				sent = append(sent, text)
+				f.waitCommitted(lane, seq)
+			}
+			// The slot is held by a long turn, and a delivery of another
+			// lane waits for it in the pull loop.
+			long, _ := f.post("x", "!sleep 20s", "x1")
+			longRuns := func() error {
+				e, _, err := f.store.Get(t.Context(), long)
+				if err != nil {
+					return err
+				}
+				if e.Turn == nil {
+					return fmt.Errorf("no turn")
+				}
+				return nil
+			}
+			natstest.WaitFor(t, 20*time.Second, "the long turn running", longRuns)
+			f.post("y", "waits for a slot", "y1")
+			f.waitNoPullWaiting(2)
+			var away func()
+			if tc.soon {
+				// The worker stops using the old stream while it is away.
+				away = func() {
+					natstest.WaitFor(t, 10*time.Second, "the worker knowing the old stream gone", func() error {
+						if _, stale := worker.InboxIDOf(w, f.names.InboxStream()); !stale {
+							return fmt.Errorf("not stale")
+						}
+						return nil
+					})
+				}
+			}
+			newID := f.recreateInboxAfter(away)
+			if tc.soon {
+				natstest.WaitFor(t, 10*time.Second, "the worker taking the new stream", func() error {
+					if id, stale := worker.InboxIDOf(w, f.names.InboxStream()); id != newID || stale {
+						return fmt.Errorf("the worker knows stream %s (stale %t), want %s", id, stale, newID)
+					}
+					return nil
+				})
+				if err := longRuns(); err != nil {
+					t.Fatalf("the long turn ended before the worker took the new stream (%v): the case was not made", err)
+				}
+			}
+			var seqs []uint64
+			for i := 0; i < 2; i++ {
+				text := fmt.Sprintf("after %d", i)
+				_, seq := f.post("z", text, fmt.Sprintf("a%d", i))
+				sent = append(sent, text)
+				seqs = append(seqs, seq)
+			}
+			if err := longRuns(); err != nil {
+				t.Fatalf("the long turn ended before the stream was recreated (%v): the case was not made", err)
+			}
+			natstest.WaitFor(t, 60*time.Second, "the new messages committed", func() error {
+				e, _, err := f.store.Get(t.Context(), lane)
+				if err != nil {
+					return err
+				}
+				if e.InboxID != newID || e.CommittedSeq < seqs[1] || e.Turn != nil {
+					return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v", e.InboxID, newID, e.CommittedSeq, seqs[1], e.Turn != nil)
+				}
+				return nil
+			})
+			// The two new messages may make one turn (both wait while the
+			// slot is held): each is answered once, in order, all the same.
+			f.checkAnsweredOnce(lane, sent...)
+		})
 	}
-	// The slot is held by a long turn, and a delivery of another lane
-	// waits for it in the pull loop.
-	long, _ := f.post("x", "!sleep 20s", "x1")
-	natstest.WaitFor(t, 20*time.Second, "the long turn running", func() error {
-		e, _, err := f.store.Get(t.Context(), long)
-		if err != nil {
-			return err
-		}
-		if e.Turn == nil {
-			return fmt.Errorf("no turn")
-		}
-		return nil
-	})
-	f.post("y", "waits for a slot", "y1")
-	f.waitNoPullWaiting(2)
-	newID := f.recreateInbox()
-	var seqs []uint64
-	for i := 0; i < 2; i++ {
-		text := fmt.Sprintf("after %d", i)
-		_, seq := f.post("z", text, fmt.Sprintf("a%d", i))
-		sent = append(sent, text)
-		seqs = append(seqs, seq)
-	}
-	if e, _, err := f.store.Get(t.Context(), long); err != nil || e.Turn == nil {
-		t.Fatalf("the long turn ended before the stream was recreated (%v): the case was not made", err)
-	}
-	natstest.WaitFor(t, 60*time.Second, "the new messages committed", func() error {
-		e, _, err := f.store.Get(t.Context(), lane)
-		if err != nil {
-			return err
-		}
-		if e.InboxID != newID || e.CommittedSeq < seqs[1] || e.Turn != nil {
-			return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v", e.InboxID, newID, e.CommittedSeq, seqs[1], e.Turn != nil)
-		}
-		return nil
-	})
-	// The two new messages may make one turn (both wait while the slot is
-	// held): each is answered once, in order, all the same.
-	f.checkAnsweredOnce(lane, sent...)
 }
 
 // TestInboxRecreatedUnderAnOwnerAtCapacity: the worker is at capacity (its
@@ -265,10 +324,17 @@ func TestInboxRecreatedWhileAtCapacity(t *testing.T) {
 // stream's name, which reaches the new incarnation, whose seqs soon pass
 // the lane's committed seq: a hint whose lane subject's previous seq is
 // below the committed one makes it check the stream's identity before it
-// reads, so it never runs the new stream's messages as the old one's.
+// reads, so it never runs the new stream's messages as the old one's. The
+// worker follows no advisories and makes no periodic check here: the hint
+// alone shows the owner the new stream (the advisory would have it release
+// the lane at once, and another lane take the slot).
 func TestInboxRecreatedUnderAnOwnerAtCapacity(t *testing.T) {
 	f := newFleet(t)
-	w := f.startWorker("w1", func(c *worker.Config) { c.MaxLanes = 1; c.Linger = time.Minute })
+	w := f.startWorker("w1", func(c *worker.Config) {
+		c.MaxLanes = 1
+		c.Linger = time.Minute
+		worker.SetInboxCheck(c, time.Hour, time.Hour, false)
+	})
 	var sent []string
 	var lane string
 	var seq uint64
@@ -491,6 +557,60 @@ func TestInboxRecreatedUnderATurnCutByADrain(t *testing.T) {
 	if !ended {
 		t.Error("the cut turn did not end interrupted in the transcript")
 	}
+}
+
+// TestInboxRecreatedWhileDisconnected: the inbox stream is deleted and made
+// again while the worker's connection to NATS is down, so no advisory of it
+// reaches the worker, and its periodic check is an hour away. When the
+// connection comes back, the worker's pull is served by the new
+// incarnation's consumer at once: the worker checks the stream's identity
+// before it takes those deliveries for the old stream's, and the new
+// messages, whose seqs are below the lane's committed seq in the old
+// stream, are answered once.
+func TestInboxRecreatedWhileDisconnected(t *testing.T) {
+	f := newFleet(t)
+	p := newTCPProxy(t, f.srv.URL())
+	w := f.startWorkerViaWith("w1", p.URL(), func(c *worker.Config) {
+		c.Linger = 200 * time.Millisecond
+		worker.SetInboxCheck(c, time.Hour, time.Hour, true)
+	})
+	var sent []string
+	var lane string
+	for i := 0; i < 4; i++ {
+		text := fmt.Sprintf("before %d", i)
+		var seq uint64
+		lane, seq = f.post("z", text, fmt.Sprintf("b%d", i))
+		sent = append(sent, text)
+		f.waitCommitted(lane, seq)
+	}
+	// Released: only a delivery takes the lane again.
+	natstest.WaitFor(t, 20*time.Second, "lane released", func() error {
+		if n := w.LanesOwned(); n != 0 {
+			return fmt.Errorf("%d lanes owned", n)
+		}
+		return nil
+	})
+	p.Cut()
+	newID := f.recreateInbox()
+	var seqs []uint64
+	for i := 0; i < 2; i++ {
+		text := fmt.Sprintf("after %d", i)
+		_, seq := f.post("z", text, fmt.Sprintf("a%d", i))
+		sent = append(sent, text)
+		seqs = append(seqs, seq)
+	}
+	p.Heal()
+	natstest.WaitFor(t, 60*time.Second, "the new messages committed", func() error {
+		e, _, err := f.store.Get(t.Context(), lane)
+		if err != nil {
+			return err
+		}
+		if e.InboxID != newID || e.CommittedSeq < seqs[1] || e.Turn != nil {
+			return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v", e.InboxID, newID, e.CommittedSeq, seqs[1], e.Turn != nil)
+		}
+		return nil
+	})
+	f.checkAnsweredOnce(lane, sent...)
 }
 
 // TestInboxRecreatedUnderAClaimedMessage: a turn claimed its message's

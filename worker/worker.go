@@ -9,12 +9,12 @@ import (
 	"fmt"
 	"github.com/agentfleet/agentfleet/session"
 	"log/slog"
-	mrand "math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
@@ -51,6 +51,10 @@ type Worker struct {
 	acquireLease func(ctx context.Context, lane, owner string, live uint64) (*kv.Lease, error)
 	renewLease   func(ctx context.Context, lease *kv.Lease) error
 	releaseLease func(ctx context.Context, lease *kv.Lease) error
+
+	// pullInbox starts a pull on an inbox stream's workers consumer (a
+	// test may wrap it).
+	pullInbox func(in *broker.Inbox) (jetstream.MessagesContext, error)
 
 	inboxes   *broker.InboxSet
 	mu        sync.Mutex
@@ -171,6 +175,9 @@ func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Confi
 		started:   time.Now(),
 	}
 	w.acquireLease = w.leases.AcquireBound
+	w.pullInbox = func(in *broker.Inbox) (jetstream.MessagesContext, error) {
+		return in.Consumer.Messages(jetstream.PullMaxMessages(4), jetstream.PullExpiry(pullExpiry))
+	}
 	w.renewLease = w.leases.Renew
 	w.releaseLease = w.leases.Release
 	w.log = c.Logger.With(slog.String("worker", w.owner))
@@ -221,7 +228,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	mapDone := make(chan struct{})
 	go func() { defer close(mapDone); w.inboxes.Watch(mapCtx) }()
 	checkDone := make(chan struct{})
-	go func() { defer close(checkDone); w.checkInboxes(mapCtx) }()
+	go func() { defer close(checkDone); w.watchInboxes(mapCtx) }()
 	defer func() { mapStop(); <-mapDone; <-checkDone }()
 	evictSub, err := w.nc.Subscribe(w.names.EvictSubject(), func(m *nats.Msg) {
 		w.cache.evictSession(string(m.Data))
@@ -281,23 +288,29 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.log.Info("worker started", slog.Duration("lease_ttl", w.cfg.LeaseTTL), slog.Duration("liveness_ttl", w.cfg.LivenessTTL), slog.Int("max_lanes", w.cfg.MaxLanes), slog.Int("max_turns", w.cfg.MaxTurns),
 		slog.Int("inbox_streams", len(w.inboxes.All())))
 	var runErr error
+	// A pull that did not start (its consumer is not there yet, say) is
+	// tried again with backoff until it starts, its stream leaves the map
+	// or the worker stops; a change of the map tries it at once.
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval = 250*time.Millisecond, 5*time.Second
+	var retry <-chan time.Time
 	for running := true; running; {
 		select {
 		case <-ctx.Done():
 			running = false
+			continue
 		case <-w.inboxes.Changed():
 			// A migration changed the map, or an inbox stream was found
 			// recreated (InboxSet.Reopen): the pulls follow.
-			if err := pulls.reconcile(); err != nil {
-				// The map named a stream whose consumer is not there yet:
-				// the next change, or the retry below, picks it up.
-				w.log.Warn("follow the inbox map", slog.Any("error", err))
-				select {
-				case <-ctx.Done():
-					running = false
-				case <-time.After(time.Second):
-				}
-			}
+		case <-retry:
+		}
+		if err := pulls.reconcile(); err != nil {
+			wait := bo.NextBackOff()
+			w.log.Warn("follow the inbox map: a pull did not start; tried again", slog.Duration("in", wait), slog.Any("error", err))
+			retry = time.After(wait)
+		} else {
+			bo.Reset()
+			retry = nil
 		}
 	}
 	w.beginDrain()
@@ -517,6 +530,9 @@ type puller struct {
 	it   jetstream.MessagesContext
 	done chan struct{}
 	quit chan struct{}
+	// reconnects is the connection's count of reconnects when in's
+	// identity was last known current (see pullLoop).
+	reconnects uint64
 }
 
 // reconcile starts a pull loop for each stream of the map that has none and
@@ -540,12 +556,13 @@ func (ps *pullers) reconcile() error {
 			ps.stopped = append(ps.stopped, p)
 			delete(ps.by, in.Name)
 		}
-		it, err := in.Consumer.Messages(jetstream.PullMaxMessages(4), jetstream.PullExpiry(pullExpiry))
+		reconnects := ps.w.nc.Stats().Reconnects
+		it, err := ps.w.pullInbox(in)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("worker: pull %s: %w", in.Name, err))
 			continue
 		}
-		p := &puller{in: in, it: it, done: make(chan struct{}), quit: ps.quit}
+		p := &puller{in: in, it: it, done: make(chan struct{}), quit: ps.quit, reconnects: reconnects}
 		ps.by[in.Name] = p
 		go ps.w.pullLoop(p)
 	}
@@ -631,6 +648,18 @@ func (w *Worker) pullLoop(p *puller) {
 			_ = msg.Nak()
 			continue
 		}
+		if n := w.nc.Stats().Reconnects; n != p.reconnects {
+			// The connection came back since: the pull Next sent again
+			// then may have been served by a consumer made again while it
+			// was down, of which no word (no advisory) reached this
+			// worker. Check the stream's identity first.
+			if _, err := w.inboxes.Reopen(context.WithoutCancel(w.hardCtx), p.in, false); err != nil {
+				w.log.Warn("check inbox stream", slog.String("stream", p.in.Name), slog.Any("error", err))
+				_ = msg.NakWithDelay(time.Second)
+				continue
+			}
+			p.reconnects = n
+		}
 		if cur := w.inboxes.ByName(p.in.Name); p.in.Stale() || cur != p.in {
 			// Of an incarnation of the stream that is not the set's: its
 			// seq may count in another stream than the lane's entry.
@@ -658,46 +687,6 @@ func (w *Worker) pullLoop(p *puller) {
 		}
 	}
 }
-
-// checkInboxes reads the inbox streams' identities every inboxCheckEvery
-// until ctx ends: a stream deleted and made again while this worker had no
-// pull waiting on the server (every lane slot busy, see pullLoop) gives its
-// pull no word, and the owners of its lanes must not go on reading the new
-// incarnation as the old. A stream found made again is marked stale and
-// replaced in the set (InboxSet.Reopen); Run then pulls from the new one.
-// One stream read per stream each time, and nothing more while nothing
-// changed.
-func (w *Worker) checkInboxes(ctx context.Context) {
-	for {
-		// Jittered, so that workers started together do not all ask at
-		// once.
-		wait := inboxCheckEvery + time.Duration(mrand.Int64N(int64(inboxCheckEvery/2))) - inboxCheckEvery/4
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
-		for _, in := range w.inboxes.All() {
-			// A stale one too: its pull may not be waiting to hear of it
-			// (its new consumer serves the same name), and Reopen keeps
-			// what another reader installed meanwhile.
-			was := in.Stale()
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			fresh, err := w.inboxes.Reopen(cctx, in, false)
-			cancel()
-			switch {
-			case err != nil && in.Stale() && !was:
-				w.log.Warn("inbox stream gone or made again", slog.String("stream", in.Name), slog.Any("error", err))
-			case err == nil && fresh != in:
-				w.log.Warn("inbox stream made again: reopened", slog.String("stream", in.Name), slog.String("inbox_id", fresh.ID), slog.String("was", in.ID))
-			}
-		}
-	}
-}
-
-// inboxCheckEvery is how often, on average (±25 %), checkInboxes reads the
-// streams' identities: one stream read per stream and worker each time.
-const inboxCheckEvery = 10 * time.Second
 
 // awayCheck is how long the pull loop may spend handing one delivery to its
 // lane before it checks the stream's identity (see pullLoop).

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strconv"
@@ -101,6 +102,8 @@ func inboxCommand() *cli.Command {
 publishes wait (the ingress holds them up to its publish timeout, then answers 503 and the client
 retries), its old stream drains (every lane commits what it holds there), then the new stream takes it.
 Safe to run against a live fleet and to run again after an interruption (it finishes the migration).
+Run with the fleet's current count, it moves nothing to change it and only looks for messages left
+in a stream their partition is no longer assigned to (answering them, or failing with what to do).
 Set nats.inbox_streams to N (or 0) in the configuration of processes started afterwards.`,
 			Flags: []cli.Flag{
 				jsonFlag(),
@@ -128,9 +131,41 @@ Set nats.inbox_streams to N (or 0) in the configuration of processes started aft
 				if c.Bool("json") {
 					return printJSON(c.App.Writer, rep)
 				}
-				fmt.Fprintf(c.App.Writer, "inbox streams: %d -> %d, %d partition moves in %s (longest drain %s)\n", rep.From, rep.To, rep.Moved, rep.Took.Round(1e6), rep.Drain.Round(1e6))
+				renderMigrateReport(c.App.Writer, rep)
 				return nil
 			},
 		}},
 	}
+}
+
+// renderMigrateReport is the summary of `inbox streams`: the moves that
+// changed the count, and the messages left in a stream their partition is
+// not assigned to (strays) that the command found and answered. A run at
+// the fleet's count only looks for those.
+func renderMigrateReport(w io.Writer, rep admin.MigrateReport) {
+	took := fmt.Sprintf("in %s", rep.Took.Round(time.Millisecond))
+	if rep.Moved > 0 {
+		took += fmt.Sprintf(" (longest drain %s)", rep.Drain.Round(time.Millisecond))
+	}
+	strays := "no stray messages found"
+	if rep.Strays > 0 {
+		strays = fmt.Sprintf("stray messages found in %s and answered", count(rep.Strays, "partition"))
+	}
+	if rep.From == rep.To {
+		moved := "no partition moved"
+		if rep.Moved > 0 {
+			moved = count(rep.Moved, "partition move")
+		}
+		fmt.Fprintf(w, "inbox streams: %d, unchanged; %s; %s %s\n", rep.To, strays, moved, took)
+		return
+	}
+	fmt.Fprintf(w, "inbox streams: %d -> %d, %s %s; %s\n", rep.From, rep.To, count(rep.Moved, "partition move"), took, strays)
+}
+
+// count is "n thing", with an s when n is not 1.
+func count(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
 }
