@@ -182,3 +182,58 @@ func TestMsgIDsNameTheStream(t *testing.T) {
 		t.Fatalf("Lookup = %d, %v, %v", seq, ok, err)
 	}
 }
+
+// TestMsgIDsTakeOver: a claim moves from one message to another only while
+// the record still names the first; of claimants that race to take it
+// over, one wins and all are told the winner, and a take-over of a claim
+// that is gone claims it anew.
+func TestMsgIDsTakeOver(t *testing.T) {
+	t.Parallel()
+	ev := newEnv(t)
+	ctx := testCtx(t)
+	const writers = 6
+	stores := make([]*kv.MsgIDs, writers)
+	for i := range stores {
+		_, res := ev.connect(t)
+		stores[i] = kv.NewMsgIDs(res)
+	}
+	m := stores[0]
+	gone := kv.MsgRef{Seq: 5, Inbox: "old"}
+	for round := range 4 {
+		id := fmt.Sprintf("takeover:%d", round)
+		if _, err := m.Claim(ctx, id, gone); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]kv.MsgRef, writers)
+		errs := make([]error, writers)
+		var wg sync.WaitGroup
+		for w := range writers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got[w], errs[w] = stores[w].TakeOver(ctx, id, gone, kv.MsgRef{Seq: uint64(w + 1), Inbox: "new"})
+			}()
+		}
+		wg.Wait()
+		for w := range writers {
+			if errs[w] != nil {
+				t.Fatalf("writer %d: %v", w, errs[w])
+			}
+			if got[w] != got[0] || got[w] == gone {
+				t.Fatalf("round %d: writers were told %v, want one winner other than %v", round, got, gone)
+			}
+		}
+		if r, ok, err := m.Find(ctx, id); err != nil || !ok || r != got[0] {
+			t.Errorf("Find = %v, %v, %v; want %v", r, ok, err, got[0])
+		}
+		// The record no longer names gone: a late take-over changes nothing.
+		if r, err := m.TakeOver(ctx, id, gone, kv.MsgRef{Seq: 99, Inbox: "new"}); err != nil || r != got[0] {
+			t.Errorf("late TakeOver = %v, %v; want %v", r, err, got[0])
+		}
+	}
+	// No record: the take-over claims the id.
+	want := kv.MsgRef{Seq: 3, Inbox: "new"}
+	if r, err := m.TakeOver(ctx, "takeover:none", gone, want); err != nil || r != want {
+		t.Errorf("TakeOver of no record = %v, %v; want %v", r, err, want)
+	}
+}

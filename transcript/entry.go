@@ -95,6 +95,14 @@ type Entry struct {
 
 	// Status is completed, failed, interrupted, stopped, command, duplicate or dead_lettered (KindTurnEnd).
 	Status string `json:"status,omitempty"`
+	// ResumeReason and InterruptedAt are, on the turn end of a turn that a
+	// recovery ended interrupted without running it again (its messages
+	// gone with a deleted inbox stream, or its interruption stale), the
+	// resume marker its commit sets: written with the end, so that an
+	// owner that finds the end but not its commit (a crash between the
+	// two) sets the same marker.
+	ResumeReason  string     `json:"resume_reason,omitempty"`
+	InterruptedAt *time.Time `json:"interrupted_at,omitempty"`
 
 	// Rewound are the seqs this control entry soft-deletes, kept for audit
 	// (KindRewind).

@@ -233,34 +233,45 @@ func (w *Worker) drainingForward(laneTok string, d jetstream.Msg, from *broker.I
 // incarnation, or found it gone) or this worker's is (it has not noticed
 // yet). The stream's identity is read (InboxSet.Reopen) to tell which: a
 // newer incarnation found is taken by the set at once, as a check of the
-// pull loop would. A read that found cur current within the last second
-// is not repeated for forwards of the same other identity: an older
-// sender's held deliveries come in a burst.
+// pull loop would. The read runs in the forward subscription's callback,
+// which it holds up, and an older sender's held deliveries come in a
+// burst: a read that found cur current is not repeated within a second for
+// forwards of the same other identity, and a read that failed (the stream
+// gone and not yet made again, its consumer not yet made, the server
+// slow) is not repeated within a second for any forward of that stream.
+// Meanwhile the deliveries are handed back, as on the read.
 func (w *Worker) forwardedIncarnation(cur *broker.Inbox, id string) *broker.Inbox {
 	if cur == nil {
 		return nil // a stream the inbox map does not name here
 	}
 	now := time.Now()
 	w.fwd.mu.Lock()
-	c := w.fwd.checked
+	c, ok := w.fwd.checked[cur.Name]
 	w.fwd.mu.Unlock()
-	if c.in == cur && c.id == id && now.Before(c.until) && !cur.Stale() {
+	if ok && now.Before(c.until) && (c.failed || c.in == cur && c.id == id && !cur.Stale()) {
 		return nil
+	}
+	remember := func(c fwdChecked) {
+		w.fwd.mu.Lock()
+		if w.fwd.checked == nil {
+			w.fwd.checked = map[string]fwdChecked{}
+		}
+		w.fwd.checked[cur.Name] = c
+		w.fwd.mu.Unlock()
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.hardCtx), 5*time.Second)
 	defer cancel()
 	fresh, err := w.inboxes.Reopen(ctx, cur, false)
 	if err != nil {
 		w.log.Warn("check inbox stream of a forwarded delivery", slog.String("stream", cur.Name), slog.Any("error", err))
+		remember(fwdChecked{failed: true, until: time.Now().Add(time.Second)})
 		return nil
 	}
 	if fresh != cur {
 		w.log.Warn("inbox stream made again: reopened", slog.String("stream", cur.Name), slog.String("inbox_id", fresh.ID), slog.String("was", cur.ID))
 	}
 	if fresh.ID != id || fresh.Stale() {
-		w.fwd.mu.Lock()
-		w.fwd.checked = fwdChecked{in: fresh, id: id, until: now.Add(time.Second)}
-		w.fwd.mu.Unlock()
+		remember(fwdChecked{in: fresh, id: id, until: now.Add(time.Second)})
 		return nil
 	}
 	return fresh
@@ -309,18 +320,21 @@ type forwards struct {
 	// gone holds the owner ids a forward to which bounced: owner -> time
 	// until which nothing is forwarded to it.
 	gone sync.Map
-	// checked is the last identity check of a forwarded delivery's
-	// incarnation that found it not current (forwardedIncarnation;
-	// guarded by mu).
-	checked fwdChecked
+	// checked is, by inbox stream name, the last identity check of a
+	// forwarded delivery's incarnation that did not take it: it found
+	// the delivery's incarnation not current, or it failed
+	// (forwardedIncarnation; guarded by mu). One entry per stream.
+	checked map[string]fwdChecked
 }
 
 // fwdChecked is an identity check that found inbox stream incarnation in
-// current and forwards of incarnation id not, remembered until until.
+// current and forwards of incarnation id not, or (failed) one that could
+// not read the stream, remembered until until.
 type fwdChecked struct {
-	in    *broker.Inbox
-	id    string
-	until time.Time
+	in     *broker.Inbox
+	id     string
+	failed bool
+	until  time.Time
 }
 
 type pendingFwd struct {

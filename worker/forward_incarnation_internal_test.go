@@ -2,11 +2,13 @@ package worker
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/agent/echo"
 	"github.com/agentfleet/agentfleet/broker"
@@ -173,5 +175,141 @@ func TestForwardNamesItsIncarnation(t *testing.T) {
 	}
 	if w.forward(target, lane, d, nil) {
 		t.Error("a delivery of no known incarnation was forwarded")
+	}
+}
+
+// TestForwardIncarnationReadsAtMostOncePerSecond: while the inbox stream
+// is gone (deleted, not yet made again), the identity check of forwarded
+// deliveries of another incarnation fails; a burst of such forwards (a
+// lagging sender's held deliveries) must not cost a read of the stream
+// each, in the forward subscription's callback: the failure is remembered
+// for a second, whatever incarnation the forwards name.
+func TestForwardIncarnationReadsAtMostOncePerSecond(t *testing.T) {
+	t.Parallel()
+	srv, _, js, names, _ := provisionFleet(t, 3*time.Second)
+	nc := srv.Connect(t)
+	wjs := natstest.JetStream(t, nc)
+	wres, err := broker.Provision(t.Context(), wjs, broker.ProvisionConfig{Names: names, LeaseTTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := New(nc, wjs, wres, Config{ID: "receiver", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		w.hardStop()
+		w.wg.Wait()
+		w.ajs.CleanupPublisher()
+	})
+	_, lane := chatLane("fwd-burst")
+	cur := w.inboxes.ForLane(lane)
+	if err := js.DeleteStream(t.Context(), names.InboxStream()); err != nil {
+		t.Fatal(err)
+	}
+	// The stream reads the worker makes, as the server sees them.
+	obs := srv.Connect(t)
+	reads, err := obs.SubscribeSync("$JS.API.STREAM.INFO.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := obs.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var first time.Time
+	calls := 0
+	for i := 0; i < 20; i++ {
+		if from := w.forwardedIncarnation(cur, fmt.Sprintf("%032x", i)); from != nil {
+			t.Fatalf("forward %d: taken on incarnation %s of a stream that is gone", i, from.ID)
+		}
+		if i == 0 {
+			first = time.Now()
+		} else if time.Since(first) > 500*time.Millisecond {
+			break // the machine is slow: count only what falls in the second
+		}
+		calls++
+	}
+	if calls < 2 {
+		t.Fatalf("%d forwards within half a second: the case was not made", calls)
+	}
+	// A marker from the worker's connection, after its reads: when it
+	// arrives, they all have.
+	const marker = "$JS.API.STREAM.INFO.no-such-stream-marker"
+	if err := nc.Publish(marker, nil); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for {
+		m, err := reads.NextMsg(30 * time.Second)
+		if err != nil {
+			t.Fatalf("the marker did not arrive: %v", err)
+		}
+		if m.Subject == marker {
+			break
+		}
+		if m.Subject == "$JS.API.STREAM.INFO."+names.InboxStream() {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d forwards read the stream %d times, want once", calls, n)
+	}
+}
+
+// settleMsg is a held delivery of a stream that records how it was settled.
+type settleMsg struct {
+	jetstream.Msg
+	stream string
+	seq    uint64
+	got    []string
+}
+
+func (m *settleMsg) Metadata() (*jetstream.MsgMetadata, error) {
+	return &jetstream.MsgMetadata{Stream: m.stream, Sequence: jetstream.SequencePair{Stream: m.seq}}, nil
+}
+func (m *settleMsg) Ack() error                       { m.got = append(m.got, "ack"); return nil }
+func (m *settleMsg) Nak() error                       { m.got = append(m.got, "nak"); return nil }
+func (m *settleMsg) NakWithDelay(time.Duration) error { m.got = append(m.got, "nak"); return nil }
+
+// TestAckUpToStaleIncarnation: a lane whose inbox stream incarnation went
+// stale (the stream was deleted and made again) hands its held deliveries
+// back when it acks up to its committed seq (a release does), even those
+// at or below it: an ack names the consumer, not its incarnation, so the
+// new stream's consumer could take it for its own delivery of that seq.
+// While the incarnation is current, those are acked.
+func TestAckUpToStaleIncarnation(t *testing.T) {
+	t.Parallel()
+	_, nc, js, names, res := provisionFleet(t, 30*time.Second)
+	w, err := New(nc, js, res, Config{ID: "w", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, lane := chatLane("ack-stale")
+	o := newOwner(w, lane)
+	in := o.bind()
+	hold := func() (*settleMsg, *settleMsg) {
+		below, above := &settleMsg{stream: in.Name, seq: 3}, &settleMsg{stream: in.Name, seq: 7}
+		o.mu.Lock()
+		o.held[3], o.held[7] = below, above
+		o.mu.Unlock()
+		return below, above
+	}
+	below, above := hold()
+	if o.ackUpTo(5); !slices.Equal(below.got, []string{"ack"}) || len(above.got) != 0 {
+		t.Fatalf("current incarnation: seq 3 %v, seq 7 %v; want seq 3 acked, seq 7 held", below.got, above.got)
+	}
+	o.mu.Lock()
+	delete(o.held, 7)
+	o.mu.Unlock()
+	// The incarnation found gone: stale.
+	if _, err := w.inboxes.Reopen(t.Context(), in, true); err != nil {
+		t.Fatal(err)
+	}
+	if !in.Stale() {
+		t.Fatal("the incarnation is not stale: the case was not made")
+	}
+	below, above = hold()
+	if held := o.ackUpTo(5); held || !slices.Equal(below.got, []string{"nak"}) || !slices.Equal(above.got, []string{"nak"}) {
+		t.Fatalf("stale incarnation: seq 3 %v, seq 7 %v, still held %v; want both handed back", below.got, above.got, held)
 	}
 }

@@ -209,10 +209,16 @@ func (o *owner) ackUpTo(seq uint64) bool {
 	// Held deliveries of another incarnation of the stream than the one
 	// seq counts in are handed back, never acked.
 	o.heldOf(in)
+	stale := in.Stale()
 	for s, m := range o.held {
-		if streamOf(m) != name {
+		if stale || streamOf(m) != name {
 			// Of another stream (the map changed since it was held): seq
 			// counts elsewhere, so it is handed back, never acked here.
+			// Nor is one of a stale incarnation (the stream was deleted
+			// and made again; the lane releases): an ack subject names
+			// the consumer, not its incarnation, so the new stream's
+			// consumer, of the same name, could take the ack for its own
+			// delivery of the same seq, a message not run.
 			o.settled("nak", s, m.NakWithDelay(time.Second))
 			delete(o.held, s)
 			continue

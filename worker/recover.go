@@ -306,21 +306,61 @@ func (l *lane) endGoneTurn(st *txState, t *session.TurnIntent, src session.Sessi
 		return l.deadLetter(st, t, nil, src, interrupted)
 	}
 	at := interruptedAt(st, t, l.entry)
-	updated := l.entry.UpdatedAt
 	l.log.Warn("interrupted turn's messages are gone with the inbox stream it was recorded in (deleted and made again); turn ended, not run again",
 		slog.String("turn_inbox_id", l.entry.TurnInboxID()), slog.String("inbox_id", l.inbox().ID),
 		slog.Uint64("first_seq", t.FirstSeq), slog.Uint64("last_seq", t.LastSeq))
 	l.w.event("resume_gone", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "reason": reason,
 		"inbox_id": l.entry.TurnInboxID(), "first_seq": t.FirstSeq, "last_seq": t.LastSeq})
-	if err := l.finish(st, t, StatusInterrupted, nil, func(e *session.SessionEntry) {
-		e.MarkResumePending(reason, at)
-		e.InterruptedTurns = interrupted
-		e.UpdatedAt = updated
-	}); err != nil {
+	if err := l.endInterrupted(st, t, reason, at, interrupted); err != nil {
 		return err
 	}
 	l.autoCheck = true
 	return nil
+}
+
+// endInterrupted ends t interrupted without running it again (endGoneTurn,
+// parkStale): the commit marks the session resume_pending for reason from
+// at and records the interrupted count. The turn_end entry names the
+// marker, so that an owner that finds it but not the commit (a crash
+// between the two) applies the same (interruptedEffect).
+func (l *lane) endInterrupted(st *txState, t *session.TurnIntent, reason string, at time.Time, interrupted int) error {
+	updated := l.entry.UpdatedAt
+	return l.finishEnd(st, t, StatusInterrupted, nil, func(e *session.SessionEntry) {
+		e.MarkResumePending(reason, at)
+		e.InterruptedTurns = interrupted
+		e.UpdatedAt = updated
+	}, nil, func(e *transcript.Entry) {
+		e.ResumeReason = reason
+		e.InterruptedAt = &at
+	})
+}
+
+// interruptedEffect is the commit effect of a turn that endInterrupted
+// ended, found ended but not committed: the resume marker its turn_end
+// names and the interrupted count, as the first commit would have set them
+// (the entry is as that owner found it: the count comes out the same). nil
+// for any other end (a turn interrupted by the user's next message marks
+// nothing). It also has the lane check for an automatic resume.
+func (l *lane) interruptedEffect(st *txState, t *session.TurnIntent) func(*session.SessionEntry) {
+	var end *transcript.Entry
+	for i := len(st.entries) - 1; i >= 0; i-- {
+		if e := &st.entries[i]; e.Kind == transcript.KindTurnEnd && e.TurnID == t.ID {
+			end = e
+			break
+		}
+	}
+	if end == nil || end.Status != StatusInterrupted || end.ResumeReason == "" || end.InterruptedAt == nil {
+		return nil
+	}
+	reason, at := end.ResumeReason, *end.InterruptedAt
+	interrupted := l.interruptedCount(t)
+	updated := l.entry.UpdatedAt
+	l.autoCheck = true
+	return func(e *session.SessionEntry) {
+		e.MarkResumePending(reason, at)
+		e.InterruptedTurns = interrupted
+		e.UpdatedAt = updated
+	}
 }
 
 // recoverRetry resumes an interrupted /retry. Its rewind is stored and is
@@ -434,14 +474,9 @@ func (l *lane) parkStale(st *txState, t *session.TurnIntent, msgs []inboxMsg, re
 			return l.failed(err)
 		}
 	}
-	updated := l.entry.UpdatedAt
 	l.log.Info("interrupted turn is stale; not resumed until the next message", slog.Time("interrupted_at", at), slog.String("reason", reason))
 	l.w.event("resume_stale", l.lane, map[string]any{"turn_id": t.ID, "session_id": t.SessionID, "reason": reason, "interrupted_at": at})
-	return l.finish(st, t, StatusInterrupted, nil, func(e *session.SessionEntry) {
-		e.MarkResumePending(reason, at)
-		e.InterruptedTurns = interrupted
-		e.UpdatedAt = updated
-	})
+	return l.endInterrupted(st, t, reason, at, interrupted)
 }
 
 // joinAhead returns msgs followed by the plain messages that directly
@@ -536,6 +571,8 @@ func (l *lane) endedEffect(st *txState, t *session.TurnIntent, status string, ms
 	case status == StatusCommand && t.Kind == session.KindCommand && len(msgs) > 0:
 		_, apply, _ := l.commandEffect(st, t, msgs[0])
 		return apply
+	case status == StatusInterrupted:
+		return l.interruptedEffect(st, t)
 	}
 	return nil
 }

@@ -583,10 +583,20 @@ func (l *lane) finish(st *txState, intent *session.TurnIntent, status string, u 
 // and before the commit, always (also when the append failed); an error
 // from it stops the commit.
 func (l *lane) finishThen(st *txState, intent *session.TurnIntent, status string, u *agent.Usage, apply func(*session.SessionEntry), before func() error) error {
+	return l.finishEnd(st, intent, status, u, apply, before, nil)
+}
+
+// finishEnd is finishThen whose turn_end entry is completed by end, when
+// set, before it is appended.
+func (l *lane) finishEnd(st *txState, intent *session.TurnIntent, status string, u *agent.Usage, apply func(*session.SessionEntry), before func() error,
+	end func(*transcript.Entry)) error {
 	endID := intent.ID + ":end"
 	var appendErr error
 	if !st.ids[endID] {
 		e := transcript.Entry{ID: endID, Kind: transcript.KindTurnEnd, TurnID: intent.ID, Status: status, Timestamp: l.w.cfg.Now()}
+		if end != nil {
+			end(&e)
+		}
 		if appendErr = l.append(st, &e); appendErr != nil {
 			l.log.Warn("append turn end", slog.Any("error", appendErr))
 		}
