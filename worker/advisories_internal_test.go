@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -74,21 +75,31 @@ func TestOldDeletionAdvisoryLeavesNewIncarnation(t *testing.T) {
 		t.Fatal(err)
 	}
 	stream := names.InboxStream()
-	// next is the next advisory of the deletion of the stream (consumer
-	// false) or of its workers consumer.
-	next := func(consumer bool) *nats.Msg {
+	// next is the next advisory of the deletion of the stream's workers
+	// consumer sent at since or later.
+	next := func(since time.Time) *nats.Msg {
 		t.Helper()
 		deadline := time.After(30 * time.Second)
 		for {
 			select {
 			case m := <-advs:
-				if a, ok := names.ParseInboxAdvisory(m.Subject); ok && a.Action == broker.AdvisoryDeleted && a.Consumer == consumer {
+				if a, ok := names.ParseInboxAdvisory(m.Subject); ok && a.Action == broker.AdvisoryDeleted && a.Consumer && !sentBefore(m.Data, since) {
 					return m
 				}
 			case <-deadline:
-				t.Fatalf("no deletion advisory (consumer %t)", consumer)
+				t.Fatal("no advisory of the consumer's deletion")
 			}
 		}
+	}
+	// streamDeleted is an advisory of the stream's deletion at time at.
+	// The server's own may be lost: it queues it to the stream's send
+	// loop as it stops that loop.
+	streamDeleted := func(at time.Time) *nats.Msg {
+		data, err := json.Marshal(map[string]any{"type": "io.nats.jetstream.advisory.v1.stream_action", "timestamp": at.UTC(), "stream": stream, "action": "delete"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &nats.Msg{Subject: "$JS.EVENT.ADVISORY.STREAM.DELETED." + stream, Data: data}
 	}
 	provision := func() {
 		t.Helper()
@@ -112,14 +123,19 @@ func TestOldDeletionAdvisoryLeavesNewIncarnation(t *testing.T) {
 	adv := &inboxAdvisories{due: map[string]bool{}, kick: make(chan struct{}, 1)}
 
 	for _, consumer := range []bool{false, true} {
+		since := time.Now()
+		var old *nats.Msg
 		if consumer {
 			if err := js.DeleteConsumer(t.Context(), stream, names.WorkersConsumer()); err != nil {
 				t.Fatal(err)
 			}
-		} else if err := js.DeleteStream(t.Context(), stream); err != nil {
-			t.Fatal(err)
+			old = next(since)
+		} else {
+			if err := js.DeleteStream(t.Context(), stream); err != nil {
+				t.Fatal(err)
+			}
+			old = streamDeleted(time.Now())
 		}
-		old := next(consumer)
 		provision()
 		in := reopen()
 		w.onInboxAdvisory(old, adv)
@@ -130,10 +146,11 @@ func TestOldDeletionAdvisoryLeavesNewIncarnation(t *testing.T) {
 			t.Errorf("consumer %t: the advisory was not noted", consumer)
 		}
 		// The deletion of the incarnation the set has marks it stale.
+		since = time.Now()
 		if err := js.DeleteConsumer(t.Context(), stream, names.WorkersConsumer()); err != nil {
 			t.Fatal(err)
 		}
-		w.onInboxAdvisory(next(true), adv)
+		w.onInboxAdvisory(next(since), adv)
 		if !in.Stale() {
 			t.Errorf("consumer %t: an advisory of the current consumer's deletion did not mark the incarnation stale", consumer)
 		}
