@@ -149,40 +149,6 @@ func (m *MsgIDs) Claim(ctx context.Context, id string, ref MsgRef) (MsgRef, erro
 	}
 }
 
-// TakeOver moves the claim of id from the message from to the message to,
-// with a compare-and-set on the record: only while the record still names
-// from. It returns the message that owns the id afterwards: to when the
-// record was moved (or already named to, or was gone and to claimed it
-// anew), or whatever message another writer recorded in between, which the
-// caller judges again. The caller must know that from never incorporated
-// the id (its stream is gone and its message was never appended).
-func (m *MsgIDs) TakeOver(ctx context.Context, id string, from, to MsgRef) (MsgRef, error) {
-	for attempt := 1; ; attempt++ {
-		e, err := m.kv.Get(ctx, m.Key(id))
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return m.Claim(ctx, id, to)
-		}
-		if err != nil {
-			return MsgRef{}, fmt.Errorf("take over msgid %s: %w", id, err)
-		}
-		cur, err := ParseMsgRef(e.Value())
-		if err != nil {
-			return MsgRef{}, fmt.Errorf("msgid %s: %w", id, err)
-		}
-		if cur != from {
-			return cur, nil
-		}
-		_, err = m.kv.Update(ctx, m.Key(id), to.Encode(), e.Revision())
-		if err == nil {
-			return to, nil
-		}
-		if !isConflict(err) || attempt >= recordAttempts {
-			return MsgRef{}, fmt.Errorf("take over msgid %s: %w", id, err)
-		}
-		// Rewritten since it was read: read it again.
-	}
-}
-
 // PendingClaim is a Claim in flight (ClaimAsync).
 type PendingClaim struct {
 	m   *MsgIDs

@@ -130,12 +130,6 @@ type TurnIntent struct {
 	TraceParent string `json:"trace_parent,omitempty"`
 }
 
-// UnnamedInboxID is the turn.inbox_id of a turn whose entry named no inbox
-// stream (written before entries named theirs) when the entry moved to a
-// named one: the turn's seqs count in that unnamed stream, which no
-// identity names. It is never a stream's identity (those are hex).
-const UnnamedInboxID = "unnamed"
-
 // TurnInboxID is the identity of the inbox stream the seqs of the entry's
 // turn count in: the turn's own InboxID, or, when it names none, the
 // entry's. Empty when the entry has no turn.

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 
 	"github.com/agentfleet/agentfleet/kv"
-	"github.com/agentfleet/agentfleet/session"
 )
 
 // msgidClaims are the msgids claims of a step's messages, in flight.
@@ -80,22 +79,6 @@ func (l *lane) duplicate(m inboxMsg) (bool, error) {
 		l.log.Warn("record message id", slog.Any("error", err))
 		return false, err
 	}
-	for i := 0; i < 3; i++ {
-		gone, err := l.claimedByGoneStream(m, owner)
-		if err != nil {
-			l.log.Warn("judge message id claim", slog.Any("error", err))
-			return false, err
-		}
-		if !gone {
-			break
-		}
-		if owner, err = w.msgids.TakeOver(context.WithoutCancel(l.ctx), id, owner, m.ref()); err != nil {
-			l.log.Warn("take over message id", slog.Any("error", err))
-			return false, err
-		}
-		l.log.Info("platform message id taken over from another inbox stream", slog.String("platform_msg_id", id),
-			slog.Uint64("seq", m.seq), slog.String("owner_inbox_id", owner.Inbox), slog.Uint64("owner_seq", owner.Seq))
-	}
 	if owner.Same(m.ref()) {
 		return false, nil
 	}
@@ -103,36 +86,6 @@ func (l *lane) duplicate(m inboxMsg) (bool, error) {
 		slog.Uint64("first_seq", owner.Seq), slog.String("first_inbox_id", owner.Inbox))
 	w.event("duplicate", l.lane, map[string]any{"seq": m.seq, "first_seq": owner.Seq, "first_inbox_id": owner.Inbox, "platform_msg_id": id})
 	return true, nil
-}
-
-// claimedByGoneStream reports whether the msgids record owner, which names
-// another message than m, was written for a copy of m that was never
-// incorporated, so that m must take the claim over (TakeOver) and run: the
-// record names another inbox stream than m's, m's is the lane's stream now
-// (the record's is a deleted incarnation, or the partition moved), and the
-// session's transcript holds no user entry of the recorded message. That
-// is the claim of a turn whose worker died before it appended the message
-// (the claim is made before the turn's intent is written), the stream
-// deleted and made again since: the turn's message is gone with the old
-// stream, its recovery ends it interrupted, and the platform's retry, stored
-// in the new stream, is the only copy left. Only plain messages are judged
-// so (they leave a user entry; a command leaves none). It costs nothing on
-// the normal path: the transcript is the lane's, loaded.
-func (l *lane) claimedByGoneStream(m inboxMsg, owner kv.MsgRef) (bool, error) {
-	if owner.Same(m.ref()) || owner.Inbox == "" || owner.Inbox == m.inboxID || m.kind != session.KindMessage {
-		return false, nil
-	}
-	if in := l.inbox(); in == nil || in.ID != m.inboxID {
-		return false, nil
-	}
-	if l.entry == nil || l.entry.SessionID == "" {
-		return true, nil
-	}
-	st, err := l.txFor(l.entry.SessionID)
-	if err != nil {
-		return false, err
-	}
-	return !st.userSeqs[userKey{owner.Inbox, owner.Seq}], nil
 }
 
 // duplicateCopy reports whether m is a second inbox copy of a platform

@@ -217,13 +217,8 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 			if e.Turn != nil && e.Turn.InboxID == "" {
 				// The turn in flight keeps the stream its seqs count
 				// in: its recovery ends it without settling them here
-				// (see recoverTurn). An entry written before entries
-				// named their stream names none: its turn counts in
-				// that unnamed stream, not in this one.
+				// (see recoverTurn).
 				e.Turn.InboxID = e.InboxID
-				if e.InboxID == "" {
-					e.Turn.InboxID = session.UnnamedInboxID
-				}
 			}
 			e.InboxID = in.ID
 			e.CommittedSeq = 0
