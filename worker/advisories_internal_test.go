@@ -122,6 +122,7 @@ func TestOldDeletionAdvisoryLeavesNewIncarnation(t *testing.T) {
 	}
 	adv := &inboxAdvisories{due: map[string]bool{}, kick: make(chan struct{}, 1)}
 
+	var cur *broker.Inbox
 	for _, consumer := range []bool{false, true} {
 		since := time.Now()
 		var old *nats.Msg
@@ -155,7 +156,15 @@ func TestOldDeletionAdvisoryLeavesNewIncarnation(t *testing.T) {
 			t.Errorf("consumer %t: an advisory of the current consumer's deletion did not mark the incarnation stale", consumer)
 		}
 		provision()
-		reopen()
+		cur = reopen()
+	}
+	// The deletion of the stream's incarnation the set has marks it stale.
+	w.onInboxAdvisory(streamDeleted(time.Now()), adv)
+	if !cur.Stale() {
+		t.Error("an advisory of the current stream's deletion did not mark the incarnation stale")
+	}
+	if !adv.take()[stream] {
+		t.Error("the advisory of the current stream's deletion was not noted")
 	}
 }
 
