@@ -1,6 +1,10 @@
 package worker
 
-import "time"
+import (
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
 
 // SetInboxCheck sets the inbox streams' identity check of a worker made
 // with c: its average periods while the worker follows the streams'
@@ -19,3 +23,6 @@ func InboxIDOf(w *Worker, name string) (id string, stale bool) {
 	}
 	return in.ID, in.Stale()
 }
+
+// ConnOf is w's connection to NATS.
+func ConnOf(w *Worker) *nats.Conn { return w.nc }

@@ -561,12 +561,13 @@ func TestInboxRecreatedWhileDisconnected(t *testing.T) {
 	})
 	var sent []string
 	var lane string
+	var committed uint64
 	for i := 0; i < 4; i++ {
 		text := fmt.Sprintf("before %d", i)
 		var seq uint64
 		lane, seq = f.post("z", text, fmt.Sprintf("b%d", i))
 		sent = append(sent, text)
-		f.waitCommitted(lane, seq)
+		committed = f.waitCommitted(lane, seq).CommittedSeq
 	}
 	// Released: only a delivery takes the lane again.
 	natstest.WaitFor(t, 20*time.Second, "lane released", func() error {
@@ -576,6 +577,15 @@ func TestInboxRecreatedWhileDisconnected(t *testing.T) {
 		return nil
 	})
 	p.Cut()
+	// The worker's connection is down before the stream goes: nothing of
+	// the recreation reaches it.
+	nc := worker.ConnOf(w)
+	natstest.WaitFor(t, 30*time.Second, "the worker's connection down", func() error {
+		if nc.IsConnected() {
+			return fmt.Errorf("connection %v", nc.Status())
+		}
+		return nil
+	})
 	newID := f.recreateInbox()
 	var seqs []uint64
 	for i := 0; i < 2; i++ {
@@ -583,6 +593,9 @@ func TestInboxRecreatedWhileDisconnected(t *testing.T) {
 		_, seq := f.post("z", text, fmt.Sprintf("a%d", i))
 		sent = append(sent, text)
 		seqs = append(seqs, seq)
+	}
+	if seqs[1] >= committed {
+		t.Fatalf("new stream seq %d, the lane's committed seq %d in the old stream: the case was not made", seqs[1], committed)
 	}
 	p.Heal()
 	natstest.WaitFor(t, 60*time.Second, "the new messages committed", func() error {
