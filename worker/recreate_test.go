@@ -251,8 +251,9 @@ func TestInboxRecreatedWhileAtCapacity(t *testing.T) {
 				f.waitCommitted(lane, seq)
 			}
 			// The slot is held by a long turn, and a delivery of another
-			// lane waits for it in the pull loop.
-			long, _ := f.post("x", "!sleep 20s", "x1")
+			// lane waits for it in the pull loop. The turn outlasts the
+			// waits below on a busy machine (20+20+30+30 s).
+			long, _ := f.post("x", "!sleep 90s", "x1")
 			longRuns := func() error {
 				e, _, err := f.store.Get(t.Context(), long)
 				if err != nil {
@@ -270,7 +271,7 @@ func TestInboxRecreatedWhileAtCapacity(t *testing.T) {
 			if tc.soon {
 				// The worker stops using the old stream while it is away.
 				away = func() {
-					natstest.WaitFor(t, 10*time.Second, "the worker knowing the old stream gone", func() error {
+					natstest.WaitFor(t, 30*time.Second, "the worker knowing the old stream gone", func() error {
 						if _, stale := worker.InboxIDOf(w, f.names.InboxStream()); !stale {
 							return fmt.Errorf("not stale")
 						}
@@ -280,7 +281,7 @@ func TestInboxRecreatedWhileAtCapacity(t *testing.T) {
 			}
 			newID := f.recreateInboxAfter(away)
 			if tc.soon {
-				natstest.WaitFor(t, 10*time.Second, "the worker taking the new stream", func() error {
+				natstest.WaitFor(t, 30*time.Second, "the worker taking the new stream", func() error {
 					if id, stale := worker.InboxIDOf(w, f.names.InboxStream()); id != newID || stale {
 						return fmt.Errorf("the worker knows stream %s (stale %t), want %s", id, stale, newID)
 					}
@@ -300,7 +301,8 @@ func TestInboxRecreatedWhileAtCapacity(t *testing.T) {
 			if err := longRuns(); err != nil {
 				t.Fatalf("the long turn ended before the stream was recreated (%v): the case was not made", err)
 			}
-			natstest.WaitFor(t, 60*time.Second, "the new messages committed", func() error {
+			// The new messages wait for the long turn to end.
+			natstest.WaitFor(t, 150*time.Second, "the new messages committed", func() error {
 				e, _, err := f.store.Get(t.Context(), lane)
 				if err != nil {
 					return err
