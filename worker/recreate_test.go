@@ -1,12 +1,16 @@
 package worker_test
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/agentfleet/agentfleet/agent"
+	"github.com/agentfleet/agentfleet/agent/echo"
 	"github.com/agentfleet/agentfleet/broker"
 	"github.com/agentfleet/agentfleet/session"
 	"github.com/agentfleet/agentfleet/test/natstest"
@@ -43,6 +47,30 @@ func (f *fleet) recreateInboxAfter(away func()) string {
 		f.t.Fatalf("recreated inbox has identity %q (was %q)", res.InboxID, old)
 	}
 	return res.InboxID
+}
+
+// heldBackend is an echo agent backend whose turns with a message "!hold"
+// wait until open is called (or their context ends) before they echo. open
+// may be called more than once; the test's cleanup calls it.
+func heldBackend(t *testing.T) (backend agent.Backend, open func()) {
+	gate := make(chan struct{})
+	var once sync.Once
+	open = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(open)
+	e := echo.New(echo.Options{})
+	a := agent.AgentFunc(func(ctx context.Context, tn *agent.Turn, emit agent.Emitter) (*agent.Result, error) {
+		for _, m := range tn.Messages {
+			if m.Text == "!hold" {
+				select {
+				case <-gate:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+		}
+		return e.Run(ctx, tn, emit)
+	})
+	return agent.BackendFunc(func(context.Context, string, string) (agent.Agent, error) { return a, nil }), open
 }
 
 func (f *fleet) inboxID() string {
@@ -236,7 +264,9 @@ func TestInboxRecreatedWhileAtCapacity(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFleet(t)
+			backend, release := heldBackend(t)
 			w := f.startWorker("w1", func(c *worker.Config) {
+				c.Backend = backend
 				c.MaxLanes = 1
 				c.Linger = 200 * time.Millisecond
 				worker.SetInboxCheck(c, tc.live, tc.poll, tc.advisories)
@@ -250,10 +280,10 @@ func TestInboxRecreatedWhileAtCapacity(t *testing.T) {
 				sent = append(sent, text)
 				f.waitCommitted(lane, seq)
 			}
-			// The slot is held by a long turn, and a delivery of another
-			// lane waits for it in the pull loop. The turn outlasts the
-			// waits below on a busy machine (20+20+30+30 s).
-			long, _ := f.post("x", "!sleep 90s", "x1")
+			// The slot is held by a long turn, held until the case is
+			// made, and a delivery of another lane waits for it in the
+			// pull loop.
+			long, _ := f.post("x", "!hold", "x1")
 			longRuns := func() error {
 				e, _, err := f.store.Get(t.Context(), long)
 				if err != nil {
@@ -301,8 +331,8 @@ func TestInboxRecreatedWhileAtCapacity(t *testing.T) {
 			if err := longRuns(); err != nil {
 				t.Fatalf("the long turn ended before the stream was recreated (%v): the case was not made", err)
 			}
-			// The new messages wait for the long turn to end.
-			natstest.WaitFor(t, 150*time.Second, "the new messages committed", func() error {
+			release()
+			natstest.WaitFor(t, 60*time.Second, "the new messages committed", func() error {
 				e, _, err := f.store.Get(t.Context(), lane)
 				if err != nil {
 					return err
