@@ -73,6 +73,25 @@ func heldBackend(t *testing.T) (backend agent.Backend, open func()) {
 	return agent.BackendFunc(func(context.Context, string, string) (agent.Agent, error) { return a, nil }), open
 }
 
+// waitCommittedIn waits up to timeout, as what, until lane's entry names
+// the inbox stream incarnation inboxID, has committed seq or a later one and
+// has no turn, and returns the entry.
+func (f *fleet) waitCommittedIn(lane string, seq uint64, inboxID, what string, timeout time.Duration) *session.SessionEntry {
+	f.t.Helper()
+	var e *session.SessionEntry
+	natstest.WaitFor(f.t, timeout, what, func() error {
+		var err error
+		if e, _, err = f.store.Get(f.t.Context(), lane); err != nil {
+			return err
+		}
+		if e.InboxID != inboxID || e.CommittedSeq < seq || e.Turn != nil {
+			return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v", e.InboxID, inboxID, e.CommittedSeq, seq, e.Turn != nil)
+		}
+		return nil
+	})
+	return e
+}
+
 func (f *fleet) inboxID() string {
 	f.t.Helper()
 	id, err := broker.InboxID(f.t.Context(), f.res.Inbox)
@@ -216,17 +235,7 @@ func TestInboxRecreatedUnderARunningWorker(t *testing.T) {
 						t.Fatalf("new stream seq %d", seq)
 					}
 					sent[c] = append(sent[c], text)
-					natstest.WaitFor(t, 30*time.Second, fmt.Sprintf("%q committed", text), func() error {
-						e, _, err := f.store.Get(t.Context(), lane)
-						if err != nil {
-							return err
-						}
-						if e.InboxID != newID || e.CommittedSeq < seq || e.Turn != nil {
-							return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v",
-								e.InboxID, newID, e.CommittedSeq, seq, e.Turn != nil)
-						}
-						return nil
-					})
+					f.waitCommittedIn(lane, seq, newID, fmt.Sprintf("%q committed", text), 30*time.Second)
 				}
 			}
 			for _, c := range chats {
@@ -332,16 +341,7 @@ func TestInboxRecreatedWhileAtCapacity(t *testing.T) {
 				t.Fatalf("the long turn ended before the stream was recreated (%v): the case was not made", err)
 			}
 			release()
-			natstest.WaitFor(t, 60*time.Second, "the new messages committed", func() error {
-				e, _, err := f.store.Get(t.Context(), lane)
-				if err != nil {
-					return err
-				}
-				if e.InboxID != newID || e.CommittedSeq < seqs[1] || e.Turn != nil {
-					return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v", e.InboxID, newID, e.CommittedSeq, seqs[1], e.Turn != nil)
-				}
-				return nil
-			})
+			f.waitCommittedIn(lane, seqs[1], newID, "the new messages committed", 60*time.Second)
 			// The two new messages may make one turn (both wait while the
 			// slot is held): each is answered once, in order, all the same.
 			f.checkAnsweredOnce(lane, sent...)
@@ -460,17 +460,7 @@ func TestInboxRecreatedUnderAnInterruptedTurn(t *testing.T) {
 				t.Fatalf("new stream seq %d, old turn's last seq %d: the case was not made", last, turn.LastSeq)
 			}
 			f.startWorker("back", nil)
-			var e *session.SessionEntry
-			natstest.WaitFor(t, 30*time.Second, "the new messages committed", func() error {
-				var err error
-				if e, _, err = f.store.Get(t.Context(), lane); err != nil {
-					return err
-				}
-				if e.InboxID != newID || e.CommittedSeq < last || e.Turn != nil {
-					return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v", e.InboxID, newID, e.CommittedSeq, last, e.Turn != nil)
-				}
-				return nil
-			})
+			e := f.waitCommittedIn(lane, last, newID, "the new messages committed", 30*time.Second)
 			if e.CommittedSeq != last {
 				t.Errorf("committed seq %d in the new stream, which holds %d messages of the lane: settled by the old turn's seqs", e.CommittedSeq, last)
 			}
@@ -543,16 +533,7 @@ func TestInboxRecreatedUnderATurnCutByADrain(t *testing.T) {
 		t.Fatalf("new stream seq %d, the cut turn's seq %d: the case was not made", last, seq)
 	}
 	f.startWorker("back", nil)
-	natstest.WaitFor(t, 30*time.Second, "the new messages committed", func() error {
-		var err error
-		if e, _, err = f.store.Get(t.Context(), lane); err != nil {
-			return err
-		}
-		if e.InboxID != newID || e.CommittedSeq < last || e.Turn != nil {
-			return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v", e.InboxID, newID, e.CommittedSeq, last, e.Turn != nil)
-		}
-		return nil
-	})
+	e = f.waitCommittedIn(lane, last, newID, "the new messages committed", 30*time.Second)
 	// The drain told the user the turn was cut (no other worker ran):
 	// notices aside, the answers are each message's, once, in order.
 	var got []string
@@ -630,16 +611,7 @@ func TestInboxRecreatedWhileDisconnected(t *testing.T) {
 		t.Fatalf("new stream seq %d, the lane's committed seq %d in the old stream: the case was not made", seqs[1], committed)
 	}
 	p.Heal()
-	natstest.WaitFor(t, 60*time.Second, "the new messages committed", func() error {
-		e, _, err := f.store.Get(t.Context(), lane)
-		if err != nil {
-			return err
-		}
-		if e.InboxID != newID || e.CommittedSeq < seqs[1] || e.Turn != nil {
-			return fmt.Errorf("entry inbox %s (want %s), committed %d (want %d), turn %v", e.InboxID, newID, e.CommittedSeq, seqs[1], e.Turn != nil)
-		}
-		return nil
-	})
+	f.waitCommittedIn(lane, seqs[1], newID, "the new messages committed", 60*time.Second)
 	f.checkAnsweredOnce(lane, sent...)
 }
 
