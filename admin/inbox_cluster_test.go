@@ -50,15 +50,7 @@ func TestMigrateInboxR3ClusterUnderLoad(t *testing.T) {
 	ps.checkTranscripts(t, fl)
 	// The checks below read every stream with the client's default timeout.
 	waitStreamLeaders(t, c, js)
-	m, _, err := broker.ReadInboxMap(t.Context(), mustBucketJS(t, js, names))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m.Streams != 1 || m.Migrating() {
-		t.Fatalf("final map %s", m)
-	}
-	checkInboxSubjects(t, js, names, m)
-	checkInboxHolds(t, js, names, m)
+	checkMapSettled(t, js, names, 1)
 }
 
 // TestMigrateInboxRidesOutAClusterOutage: a migration's steps ride out a
@@ -153,15 +145,7 @@ func TestMigrateInboxRidesOutAClusterOutage(t *testing.T) {
 		// migration's own calls succeeded: the checks below read every
 		// stream, with the client's default timeout.
 		waitStreamLeaders(t, c, js)
-		m, _, err := broker.ReadInboxMap(t.Context(), mustBucketJS(t, js, names))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if m.Streams != target || m.Migrating() {
-			t.Fatalf("after the migration to %d the map is %s", target, m)
-		}
-		checkInboxSubjects(t, js, names, m)
-		checkInboxHolds(t, js, names, m)
+		checkMapSettled(t, js, names, target)
 		ps.waitPosted(t, 2)
 	}
 	if recovered != outages {

@@ -717,15 +717,24 @@ func TestMigrateInboxStoppedAtEveryStep(t *testing.T) {
 // stream holds are those of the map.
 func (f *migrateFleet) checkMigratedTo(target int) {
 	f.t.Helper()
-	m, _, err := broker.ReadInboxMap(f.t.Context(), mustBucket(f.t, f))
+	checkMapSettled(f.t, f.js, f.names, target)
+}
+
+// checkMapSettled checks that the inbox map names target streams and no
+// move, and that the streams' subjects and what each stream holds are those
+// of the map. It returns the map and its revision.
+func checkMapSettled(t *testing.T, js jetstream.JetStream, names broker.Names, target int) (broker.InboxMap, uint64) {
+	t.Helper()
+	m, rev, err := broker.ReadInboxMap(t.Context(), mustBucketJS(t, js, names))
 	if err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
 	if m.Streams != target || m.Migrating() {
-		f.t.Fatalf("after the migration to %d the map is %s", target, m)
+		t.Fatalf("after the migration to %d the map is %s", target, m)
 	}
-	f.checkSubjects(m)
-	checkInboxHolds(f.t, f.js, f.names, m)
+	checkInboxSubjects(t, js, names, m)
+	checkInboxHolds(t, js, names, m)
+	return m, rev
 }
 
 // checkInboxHolds checks that each stream of m holds messages of its
@@ -1131,15 +1140,7 @@ func TestMigrateInboxStrayAfterTheOpen(t *testing.T) {
 			if !stopped && !slices.Equal(closedNext, []int{f.p}) {
 				t.Fatalf("after the stray was stored, the next close took partitions %v, want only %d", closedNext, f.p)
 			}
-			m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if m.Streams != 2 || m.Migrating() {
-				t.Fatalf("after the migration the map is %s", m)
-			}
-			f.checkSubjects(m)
-			checkInboxHolds(t, f.js, f.names, m)
+			checkMapSettled(t, f.js, f.names, 2)
 			f.postAfterTheMove()
 			if users := f.users(); !slices.Equal(users, []string{"first", "late", "after"}) {
 				t.Fatalf("user entries %q, want first, late, after", users)
@@ -1208,15 +1209,7 @@ func TestMigrateInboxStrayAfterTheOpenBehindNewerMessages(t *testing.T) {
 			if _, err := f.fl.MigrateInbox(t.Context(), 2, admin.MigrateOptions{DrainTimeout: 30 * time.Second}); err != nil {
 				t.Fatal(err)
 			}
-			m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if m.Streams != 2 || m.Migrating() {
-				t.Fatalf("after the migration the map is %s", m)
-			}
-			f.checkSubjects(m)
-			checkInboxHolds(t, f.js, f.names, m)
+			checkMapSettled(t, f.js, f.names, 2)
 			f.postAfterTheMove()
 			if users := f.users(); !slices.Equal(users, want) {
 				t.Fatalf("user entries %q, want %q", users, want)
@@ -1511,15 +1504,7 @@ func TestMigrateInboxCommittedStrayIsPurged(t *testing.T) {
 	if f.holds(0, late.Sequence) {
 		t.Fatal("the committed message is still in stream 0")
 	}
-	m, _, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m.Streams != 2 || m.Migrating() {
-		t.Fatalf("after the migration the map is %s", m)
-	}
-	f.checkSubjects(m)
-	checkInboxHolds(t, f.js, f.names, m)
+	checkMapSettled(t, f.js, f.names, 2)
 	after := f.post("after")
 	f.waitCommitted(1, after.Sequence)
 	if users := f.users(); !slices.Equal(users, []string{"first", "after"}) {
@@ -1688,15 +1673,7 @@ func TestMigrateInboxAtItsCountLooksForStrays(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			m, rev2, err := broker.ReadInboxMap(t.Context(), mustBucket(t, f))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if m.Streams != 2 || m.Migrating() {
-				t.Fatalf("after the command the map is %s", m)
-			}
-			f.checkSubjects(m)
-			checkInboxHolds(t, f.js, f.names, m)
+			_, rev2 := checkMapSettled(t, f.js, f.names, 2)
 			if rep.From != 2 || rep.To != 2 {
 				t.Errorf("the report says %d -> %d streams, want 2 -> 2", rep.From, rep.To)
 			}

@@ -205,10 +205,7 @@ func (l *lane) recoverTurn() error {
 		return l.finish(st, t, StatusStopped, nil, nil)
 	}
 
-	reason := ResumeRestartInterrupted
-	if l.entry.ResumePending && (l.entry.ResumeReason == ResumeRestartTimeout || l.entry.ResumeReason == ResumeShutdownTimeout) {
-		reason = l.entry.ResumeReason
-	}
+	reason := l.resumeReason()
 	// A store hiccup (e.g. while the cluster recovers from a lost node) must
 	// not dead-letter a message: see interruptedCount.
 	interrupted := l.interruptedCount(t)
@@ -297,10 +294,7 @@ func (l *lane) recoverTurn() error {
 // message continues it with the resume note, and a fresh marker gets its
 // automatic resume, which continues from the transcript.
 func (l *lane) endGoneTurn(st *txState, t *session.TurnIntent, src session.SessionSource) error {
-	reason := ResumeRestartInterrupted
-	if l.entry.ResumePending && (l.entry.ResumeReason == ResumeRestartTimeout || l.entry.ResumeReason == ResumeShutdownTimeout) {
-		reason = l.entry.ResumeReason
-	}
+	reason := l.resumeReason()
 	interrupted := l.interruptedCount(t)
 	if interrupted >= MaxInterruptedTurns {
 		return l.deadLetter(st, t, nil, src, interrupted)
@@ -610,4 +604,14 @@ func (l *lane) cancelAhead(seq uint64) bool {
 		next = m.seq + 1
 	}
 	return false
+}
+
+// resumeReason is the reason an interrupted turn of the lane is resumed
+// for: the timeout a drain recorded (restart_timeout, shutdown_timeout) if
+// one is pending, else restart_interrupted.
+func (l *lane) resumeReason() string {
+	if l.entry.ResumePending && (l.entry.ResumeReason == ResumeRestartTimeout || l.entry.ResumeReason == ResumeShutdownTimeout) {
+		return l.entry.ResumeReason
+	}
+	return ResumeRestartInterrupted
 }
