@@ -47,7 +47,7 @@ func run(out io.Writer, args []string) error {
 func jsonFlag() cli.Flag { return &cli.BoolFlag{Name: "json", Usage: "print one JSON document"} }
 
 func newApp(out io.Writer) *cli.App {
-	return &cli.App{
+	app := &cli.App{
 		Name:                 "fleetctl",
 		Usage:                "inspect and administer an agentfleet deployment",
 		Version:              version,
@@ -61,6 +61,8 @@ func newApp(out io.Writer) *cli.App {
 			eventsCommand(), streamCommand(), inboxCommand(), topCommand(), configCommand(), deliveryCommand(), searchCommand(), historyCommand(), exportCommand(), statsCommand(),
 			cliutil.CompletionCommand()},
 	}
+	cliutil.RefuseUnknownCommands(app)
+	return app
 }
 
 func loadConfig(c *cli.Context) (config.Config, error) {
