@@ -106,6 +106,17 @@ func dialLane(c *cli.Context, usage string) (*client, context.Context, context.C
 	return cl, ctx, done, lane, nil
 }
 
+// getEntry reads the session entry of lane; arg is how the user named it
+// (a key, a lane or a session id), and a missing entry is told in those
+// words rather than as the store's "session <lane>: not found".
+func getEntry(ctx context.Context, cl *client, lane, arg string) (*session.SessionEntry, uint64, error) {
+	e, rev, err := cl.store.Get(ctx, lane)
+	if errors.Is(err, kv.ErrNotFound) {
+		return nil, 0, fmt.Errorf("no session %s in this fleet (fleetctl session ls lists them)", arg)
+	}
+	return e, rev, err
+}
+
 // dialFor connects within --timeout; a command that follows the fleet
 // (follow) then runs until it is done or interrupted, without the timeout.
 func dialFor(c *cli.Context, follow bool) (*client, context.Context, context.CancelFunc, error) {
@@ -232,7 +243,7 @@ func sessionCommand() *cli.Command {
 						return err
 					}
 					defer done()
-					e, rev, err := cl.store.Get(ctx, lane)
+					e, rev, err := getEntry(ctx, cl, lane, c.Args().First())
 					if err != nil {
 						return err
 					}
@@ -321,9 +332,9 @@ func transcriptCommand() *cli.Command {
 				if strings.Contains(arg, ":") {
 					lane = session.LaneToken(arg)
 				}
-				e, _, err := cl.store.Get(ctx, lane)
+				e, _, err := getEntry(ctx, cl, lane, arg)
 				if err != nil {
-					return fmt.Errorf("session %s: %w", arg, err)
+					return err
 				}
 				sid = e.SessionID
 			}
