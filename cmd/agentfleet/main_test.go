@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -176,6 +177,25 @@ func TestLocalURL(t *testing.T) {
 	} {
 		if got := localURL(addr); got != want {
 			t.Errorf("localURL(%q) = %q, want %q", addr, got, want)
+		}
+	}
+}
+
+// TestUpHTTPAddressInUse: up on an HTTP address another process listens on
+// says that the address is in use and how to choose another one.
+func TestUpHTTPAddressInUse(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	err = newApp().Run([]string{"agentfleet", "up", "--data", t.TempDir(), "--http", ln.Addr().String()})
+	if err == nil {
+		t.Fatal("up started on an HTTP address in use")
+	}
+	for _, want := range []string{ln.Addr().String(), "in use by another process", "--http"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
 		}
 	}
 }
