@@ -1,6 +1,6 @@
 //go:build !unix
 
-package broker
+package filelock
 
 import "os"
 
