@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/agentfleet/agentfleet/cmd/internal/cliutil"
+	"github.com/agentfleet/agentfleet/internal/filelock"
+	"github.com/agentfleet/agentfleet/test/natstest"
 )
 
 func TestBadConfigIsRefusedNamingFieldAndValue(t *testing.T) {
@@ -197,5 +200,33 @@ func TestUpHTTPAddressInUse(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}
+	}
+}
+
+// TestIndexerRefusesADatabaseInUse: an indexer on the file of a running one
+// (whose lock the test holds) is refused, naming the holder and --db, and its
+// --rebuild does not delete the file under the other one.
+func TestIndexerRefusesADatabaseInUse(t *testing.T) {
+	srv := natstest.RunServer(t)
+	db := filepath.Join(t.TempDir(), "state.db")
+	if err := os.WriteFile(db, []byte("the other indexer's database"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	held, err := filelock.Lock(db+".lock", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	err = newApp().Run([]string{"agentfleet", "indexer", "--db", db, "--rebuild", "--nats-url", srv.URL(), "--nats-wait", "0"})
+	if err == nil {
+		t.Fatal("a second indexer started on a database in use")
+	}
+	for _, want := range []string{db, "in use by another indexer", fmt.Sprintf("process %d", os.Getpid()), "--db"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if b, err := os.ReadFile(db); err != nil || string(b) != "the other indexer's database" {
+		t.Fatalf("the refused --rebuild touched the database: %q, %v", b, err)
 	}
 }
