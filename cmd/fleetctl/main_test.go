@@ -191,6 +191,11 @@ func TestWaitsForNATS(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "nats not reachable at nats://127.0.0.1:") {
 		t.Fatalf("no NATS: %v", err)
 	}
+	// What ended the wait is --timeout: the error says to raise that, not
+	// nats.connect_wait (1m already).
+	if !strings.Contains(err.Error(), "raise it to wait longer") || !strings.Contains(err.Error(), "--timeout") || strings.Contains(err.Error(), "connect_wait") {
+		t.Fatalf("no NATS: the error does not point at --timeout: %v", err)
+	}
 
 	// A provisioned store, served later on the port fleetctl tries (so
 	// fleetctl never sees the server before the fleet's assets exist).
