@@ -346,29 +346,29 @@ func (o *owner) appendTo(st *txState, e *transcript.Entry) error {
 	return nil
 }
 
-// publish publishes msg (a reply or a notice) with Msg-Id id as the lane's
-// owner: not once the lease could have expired. A publish that passed the
-// check late is refused by the stream as a duplicate of the new owner's.
-func (o *owner) publish(msg *nats.Msg, id string) error {
+// publish publishes msg (a reply or a notice, with its Msg-Id header) as the
+// lane's owner: not once the lease could have expired. A publish that passed
+// the check late is refused by the stream as a duplicate of the new owner's.
+func (o *owner) publish(msg *nats.Msg) error {
 	if err := o.checkAlive(); err != nil {
 		return err
 	}
 	pausePoint("reply")
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(o.ctx), 5*time.Second)
 	defer cancel()
-	_, err := o.w.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id))
+	_, err := o.w.js.PublishMsg(ctx, msg)
 	return err
 }
 
 // publishAsync is publish that returns once msg is sent; the function it
 // returns waits for the PubAck (up to asyncAckTimeout) and gives publish's
 // error.
-func (o *owner) publishAsync(msg *nats.Msg, id string) func() error {
+func (o *owner) publishAsync(msg *nats.Msg) func() error {
 	if err := o.checkAlive(); err != nil {
 		return func() error { return err }
 	}
 	pausePoint("reply")
-	fut, err := o.w.ajs.PublishMsgAsync(msg, jetstream.WithMsgID(id))
+	fut, err := o.w.ajs.PublishMsgAsync(msg)
 	if err != nil {
 		return func() error { return err }
 	}
