@@ -141,7 +141,7 @@ func (l *Log) Append(ctx context.Context, sessionID string, lastSeq uint64, e *E
 		return 0, fmt.Errorf("append to %s: encode entry: %w", sessionID, err)
 	}
 
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.writeTimeout)
+	wctx, cancel := context.WithTimeout(withoutCancel(ctx), l.writeTimeout)
 	defer cancel()
 	a := &appendOp{
 		log:       l,
@@ -159,6 +159,16 @@ func (l *Log) Append(ctx context.Context, sessionID string, lastSeq uint64, e *E
 	}
 	e.Seq = seq
 	return seq, nil
+}
+
+// withoutCancel is context.WithoutCancel(ctx), or ctx itself when nothing
+// can cancel it (Done is nil: no cancellation and no deadline), as for the
+// worker's appends, whose context is already one without cancellation.
+func withoutCancel(ctx context.Context) context.Context {
+	if ctx.Done() == nil {
+		return ctx
+	}
+	return context.WithoutCancel(ctx)
 }
 
 // appendOp is one Append, with what it has learnt so far.
