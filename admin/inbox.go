@@ -118,7 +118,9 @@ var ErrMapChanged = errors.New("the inbox map changed under the migration (anoth
 // messages left in one their partition is not assigned to (see strays),
 // settles what it finds as a migration's last look does (the partition
 // moved again, or ErrInBothStreams), and reports it (Strays). With nothing
-// found that is one stream info request per stream and no map write.
+// found that is one stream info request per stream and no map write. Drain
+// markers it sees left in a stream (by a run stopped before it purged them)
+// it purges, as a migration purges every stream's at its end.
 func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) (rep MigrateReport, err error) {
 	start := time.Now()
 	if o.Batch <= 0 {
@@ -1161,17 +1163,25 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move, marks map[i
 	done := map[string]uint64{} // subject -> last seq known committed
 	bounds := map[int]uint64{}
 	// A read that fails on a transient error (see retry) leaves its
-	// partition for the next round; each read is bounded by attemptTimeout
+	// partition for the next round. Each read is bounded by attemptTimeout
 	// (a round makes one per lane: a bound over the whole round would cap
-	// the lanes a partition can have), the rounds by the drain timeout.
+	// the lanes a partition can have), the rounds by the drain timeout. A
+	// read that timed out ends its round: the cluster is likely away for
+	// the others too (and the drain ends only once every partition has
+	// drained), so a round of an unreachable cluster takes one bound, not
+	// one per partition.
 	var stalled error
 	for {
 		left := 0
 		var firstLeft string
 		wasStalled := stalled
 		stalled = nil
+		timedOut := false
 	moves:
 		for _, mv := range moves {
+			if timedOut {
+				break
+			}
 			if _, ok := bounds[mv.P]; ok {
 				continue
 			}
@@ -1184,6 +1194,7 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move, marks map[i
 				stalled = err
 				left++
 				firstLeft = fmt.Sprintf("partition %d (%v)", mv.P, err)
+				timedOut = errors.Is(err, context.DeadlineExceeded)
 				return true
 			}
 			bound, ok := marks[mv.From]
