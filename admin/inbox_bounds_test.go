@@ -23,14 +23,17 @@ import (
 // TestMigrateInboxSlowCallsBoundedEach: the migration runs over a
 // connection that delays every answer of the server by 25 ms (a slow
 // cluster), with the bound of one call's attempt cut to 1 s. Each call is
-// well within it, but a step that makes a call per partition or per lane
-// is not: a drain round over a partition with 80 lanes reads each lane's
-// last message and entry (over 4 s), and a batch of all 32 partitions
-// that move is drained and purged with 3 calls per partition (over 2 s).
-// Each call has its own bound, so the migration completes, every lane's
-// message answered once, in order, and the map, the subjects and what each
-// stream holds are those of 2 streams. With one bound over a whole round
-// or purge, the drain (or the purge) could never finish one within it.
+// well within it, but a step that makes a call per lane or per partition
+// is not: a drain round reads the last message of each of the 80 lanes of
+// one partition (2 s and more, every round: a round's progress on a
+// partition is kept only once the whole partition has drained), and the
+// purge of a batch of all 32 partitions that move makes 3 calls per
+// partition (2.4 s, made again whole on each attempt). Each call has its
+// own bound, so the migration completes, every lane's message answered
+// once, in order, and the map, the subjects and what each stream holds are
+// those of 2 streams. With one bound over a whole round, the drain of the
+// first case could never finish a round; with one over a whole purge, the
+// purge of the second could never finish an attempt.
 func TestMigrateInboxSlowCallsBoundedEach(t *testing.T) {
 	for _, c := range []struct {
 		name  string
