@@ -25,8 +25,8 @@ import (
 // cluster), with the bound of one call's attempt cut to 1 s. Each call is
 // well within it, but a step that makes a call per lane or per partition
 // is not: a drain round reads the last message of each of the 80 lanes of
-// one partition (2 s and more, every round: a round's progress on a
-// partition is kept only once the whole partition has drained), and the
+// one partition (2 s and more, every round until the partition has
+// drained), and the
 // purge of a batch of all 32 partitions that move makes 3 calls per
 // partition (2.4 s, made again whole on each attempt). Each call has its
 // own bound, so the migration completes, every lane's message answered
