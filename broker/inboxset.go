@@ -33,6 +33,24 @@ type Inbox struct {
 	Consumer jetstream.Consumer
 	// stale is set when this incarnation is known to be gone or in doubt.
 	stale atomic.Bool
+	// checked is when the latest read of the stream that found this
+	// incarnation current began (UnixNano).
+	checked atomic.Int64
+}
+
+// CheckedSince reports whether a read of the stream that began at t or
+// later found this incarnation current (the read that opened it, or a
+// Reopen that kept it).
+func (in *Inbox) CheckedSince(t time.Time) bool { return in.checked.Load() >= t.UnixNano() }
+
+// noteChecked records that a read begun at start found in current.
+func (in *Inbox) noteChecked(start time.Time) {
+	for {
+		old := in.checked.Load()
+		if old >= start.UnixNano() || in.checked.CompareAndSwap(old, start.UnixNano()) {
+			return
+		}
+	}
 }
 
 // Stale reports whether the incarnation is known to be gone or in doubt
@@ -175,6 +193,7 @@ var errNoIdentity = errors.New("no identity metadata; run provisioning")
 // openStream reads inbox stream i and its identity.
 func (s *InboxSet) openStream(ctx context.Context, i int) (*Inbox, error) {
 	name := s.names.InboxStreamAt(i)
+	start := time.Now()
 	st, err := s.js.Stream(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("inbox stream %s: %w", name, err)
@@ -183,7 +202,9 @@ func (s *InboxSet) openStream(ctx context.Context, i int) (*Inbox, error) {
 	if id == "" {
 		return nil, fmt.Errorf("inbox stream %s: %w", name, errNoIdentity)
 	}
-	return &Inbox{Index: i, Name: name, ID: id, Stream: st}, nil
+	in := &Inbox{Index: i, Name: name, ID: id, Stream: st}
+	in.checked.Store(start.UnixNano())
+	return in, nil
 }
 
 // openConsumer opens in's workers consumer, for a set opened with them.
@@ -265,6 +286,7 @@ func (s *InboxSet) Reopen(ctx context.Context, in *Inbox, gone bool) (*Inbox, er
 		case cur != nil && cur.ID == fresh.ID && !cur.Stale():
 			// Found current (by this read, newer than its install, or
 			// by this read and the installer's alike).
+			cur.noteChecked(time.Unix(0, fresh.checked.Load()))
 			return cur, nil
 		case cur != before:
 			// Installed (or dropped by the map) while this read ran.
@@ -276,6 +298,7 @@ func (s *InboxSet) Reopen(ctx context.Context, in *Inbox, gone bool) (*Inbox, er
 		case cur == nil:
 			// The map no longer names it (a migration removed it).
 			if fresh.ID == in.ID && !in.Stale() {
+				in.noteChecked(time.Unix(0, fresh.checked.Load()))
 				return in, nil
 			}
 			if err := s.openConsumer(ctx, fresh); err != nil {

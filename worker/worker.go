@@ -56,12 +56,16 @@ type Worker struct {
 	// test may wrap it).
 	pullInbox func(in *broker.Inbox) (jetstream.MessagesContext, error)
 
-	inboxes   *broker.InboxSet
-	mu        sync.Mutex
-	lanes     map[string]*lane
-	laneSlots chan struct{}
-	turns     *turnGate
-	wg        sync.WaitGroup
+	inboxes *broker.InboxSet
+	// inboxNotes are the inbox streams to read again, for the watcher
+	// (watchInboxes): told of by advisories, or handed over by the pull
+	// loops and forwards (recheck).
+	inboxNotes *inboxAdvisories
+	mu         sync.Mutex
+	lanes      map[string]*lane
+	laneSlots  chan struct{}
+	turns      *turnGate
+	wg         sync.WaitGroup
 
 	drainCh   chan struct{} // closed when a graceful stop begins
 	hardCtx   context.Context
@@ -154,25 +158,26 @@ func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Confi
 	var inc [4]byte
 	_, _ = rand.Read(inc[:])
 	w := &Worker{
-		cfg:       c,
-		nc:        nc,
-		js:        js,
-		res:       res,
-		names:     c.Names,
-		store:     kv.NewStore(res, &kv.StoreOptions{Now: c.Now}),
-		leases:    kv.NewLeases(js, res, c.Names, c.LeaseTTL),
-		live:      newLiveness(kv.NewLeases(js, res, c.Names, c.LivenessTTL), c.LivenessTTL),
-		ajs:       ajs,
-		msgids:    kv.NewMsgIDsAsync(res, ajs),
-		inboxes:   res.Inboxes,
-		tx:        tx,
-		owner:     c.ID + "/" + hex.EncodeToString(inc[:]),
-		cache:     newAgentCache(c.CacheSize, c.CacheIdleTTL),
-		lanes:     map[string]*lane{},
-		laneSlots: make(chan struct{}, c.MaxLanes),
-		turns:     newTurnGate(c.MaxTurns),
-		drainCh:   make(chan struct{}),
-		started:   time.Now(),
+		cfg:        c,
+		nc:         nc,
+		js:         js,
+		res:        res,
+		names:      c.Names,
+		store:      kv.NewStore(res, &kv.StoreOptions{Now: c.Now}),
+		leases:     kv.NewLeases(js, res, c.Names, c.LeaseTTL),
+		live:       newLiveness(kv.NewLeases(js, res, c.Names, c.LivenessTTL), c.LivenessTTL),
+		ajs:        ajs,
+		msgids:     kv.NewMsgIDsAsync(res, ajs),
+		inboxes:    res.Inboxes,
+		inboxNotes: newInboxAdvisories(),
+		tx:         tx,
+		owner:      c.ID + "/" + hex.EncodeToString(inc[:]),
+		cache:      newAgentCache(c.CacheSize, c.CacheIdleTTL),
+		lanes:      map[string]*lane{},
+		laneSlots:  make(chan struct{}, c.MaxLanes),
+		turns:      newTurnGate(c.MaxTurns),
+		drainCh:    make(chan struct{}),
+		started:    time.Now(),
 	}
 	w.acquireLease = w.leases.AcquireBound
 	w.pullInbox = func(in *broker.Inbox) (jetstream.MessagesContext, error) {
@@ -636,6 +641,12 @@ func (w *Worker) pullLoop(p *puller) {
 				if _, err := w.inboxes.Reopen(context.WithoutCancel(w.hardCtx), p.in, false); err != nil {
 					w.log.Warn("check inbox stream", slog.String("stream", p.in.Name), slog.Any("error", err))
 				}
+				if p.in.Stale() && w.inboxes.ByName(p.in.Name) == p.in {
+					// Gone, and not back yet: the watcher reads it
+					// again until it is (no read here at each
+					// missed heartbeat meanwhile).
+					w.reopenInbox(p.in, p.quit)
+				}
 			}
 			// Never spin on a failing pull: back off briefly.
 			select {
@@ -693,32 +704,32 @@ func (w *Worker) pullLoop(p *puller) {
 const awayCheck = 500 * time.Millisecond
 
 // reopenInbox makes the set take the new incarnation of in's stream, whose
-// consumer reported itself deleted: in is marked stale at once, and the
-// stream read again until it is back (provisioning makes it again), the
-// set no longer has in as the stream's (the map dropped it, or another
-// reader reopened it), the worker stops or quit is closed.
+// consumer reported itself deleted or which was found gone: in is marked
+// stale at once, and the stream handed to the watcher (watchInboxes), the
+// one reader that reads it again until it is back (provisioning makes it
+// again); then it waits until the set no longer has in as the stream's (the
+// watcher or another reader took its new incarnation, or the map dropped
+// it), the worker drains or quit is closed. The watcher reads it at once,
+// unless it is reading it again with backoff already (an advisory told it
+// of the deletion).
 func (w *Worker) reopenInbox(in *broker.Inbox, quit <-chan struct{}) {
-	wait := 250 * time.Millisecond
+	in.MarkStale()
+	w.inboxNotes.recheck(in.Name)
+	w.log.Warn("reopen inbox stream", slog.String("stream", in.Name), slog.String("was", in.ID))
 	for {
-		fresh, err := w.inboxes.Reopen(context.WithoutCancel(w.hardCtx), in, true)
-		if err == nil {
-			w.log.Warn("inbox stream reopened", slog.String("stream", in.Name), slog.String("inbox_id", fresh.ID), slog.String("was", in.ID))
+		changed := w.inboxes.Changed()
+		if cur := w.inboxes.ByName(in.Name); cur != in {
+			if cur != nil {
+				w.log.Warn("inbox stream reopened", slog.String("stream", in.Name), slog.String("inbox_id", cur.ID), slog.String("was", in.ID))
+			}
 			return
 		}
-		if w.inboxes.ByName(in.Name) != in {
-			// The map no longer names the stream (a migration removed
-			// it, then deleted it) or another reader took its new
-			// incarnation: nothing to wait for.
-			return
-		}
-		w.log.Warn("reopen inbox stream", slog.String("stream", in.Name), slog.Any("error", err))
 		select {
 		case <-w.drainCh:
 			return
 		case <-quit:
 			return
-		case <-time.After(wait):
+		case <-changed:
 		}
-		wait = min(2*wait, 5*time.Second)
 	}
 }
