@@ -56,16 +56,17 @@ type Worker struct {
 	// test may wrap it).
 	pullInbox func(in *broker.Inbox) (jetstream.MessagesContext, error)
 
-	inboxes *broker.InboxSet
+	inboxes   *broker.InboxSet
+	mu        sync.Mutex
+	lanes     map[string]*lane
+	laneSlots chan struct{}
+	turns     *turnGate
+	wg        sync.WaitGroup
+
 	// inboxNotes are the inbox streams to read again, for the watcher
 	// (watchInboxes): told of by advisories, or handed over by the pull
 	// loops and forwards (recheck).
 	inboxNotes *inboxAdvisories
-	mu         sync.Mutex
-	lanes      map[string]*lane
-	laneSlots  chan struct{}
-	turns      *turnGate
-	wg         sync.WaitGroup
 
 	drainCh   chan struct{} // closed when a graceful stop begins
 	hardCtx   context.Context
@@ -158,27 +159,27 @@ func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Confi
 	var inc [4]byte
 	_, _ = rand.Read(inc[:])
 	w := &Worker{
-		cfg:        c,
-		nc:         nc,
-		js:         js,
-		res:        res,
-		names:      c.Names,
-		store:      kv.NewStore(res, &kv.StoreOptions{Now: c.Now}),
-		leases:     kv.NewLeases(js, res, c.Names, c.LeaseTTL),
-		live:       newLiveness(kv.NewLeases(js, res, c.Names, c.LivenessTTL), c.LivenessTTL),
-		ajs:        ajs,
-		msgids:     kv.NewMsgIDsAsync(res, ajs),
-		inboxes:    res.Inboxes,
-		inboxNotes: newInboxAdvisories(),
-		tx:         tx,
-		owner:      c.ID + "/" + hex.EncodeToString(inc[:]),
-		cache:      newAgentCache(c.CacheSize, c.CacheIdleTTL),
-		lanes:      map[string]*lane{},
-		laneSlots:  make(chan struct{}, c.MaxLanes),
-		turns:      newTurnGate(c.MaxTurns),
-		drainCh:    make(chan struct{}),
-		started:    time.Now(),
+		cfg:       c,
+		nc:        nc,
+		js:        js,
+		res:       res,
+		names:     c.Names,
+		store:     kv.NewStore(res, &kv.StoreOptions{Now: c.Now}),
+		leases:    kv.NewLeases(js, res, c.Names, c.LeaseTTL),
+		live:      newLiveness(kv.NewLeases(js, res, c.Names, c.LivenessTTL), c.LivenessTTL),
+		ajs:       ajs,
+		msgids:    kv.NewMsgIDsAsync(res, ajs),
+		inboxes:   res.Inboxes,
+		tx:        tx,
+		owner:     c.ID + "/" + hex.EncodeToString(inc[:]),
+		cache:     newAgentCache(c.CacheSize, c.CacheIdleTTL),
+		lanes:     map[string]*lane{},
+		laneSlots: make(chan struct{}, c.MaxLanes),
+		turns:     newTurnGate(c.MaxTurns),
+		drainCh:   make(chan struct{}),
+		started:   time.Now(),
 	}
+	w.inboxNotes = newInboxAdvisories()
 	w.acquireLease = w.leases.AcquireBound
 	w.pullInbox = func(in *broker.Inbox) (jetstream.MessagesContext, error) {
 		return in.Consumer.Messages(jetstream.PullMaxMessages(4), jetstream.PullExpiry(pullExpiry))
@@ -667,6 +668,11 @@ func (w *Worker) pullLoop(p *puller) {
 			if _, err := w.inboxes.Reopen(context.WithoutCancel(w.hardCtx), p.in, false); err != nil {
 				w.log.Warn("check inbox stream", slog.String("stream", p.in.Name), slog.Any("error", err))
 				_ = msg.NakWithDelay(time.Second)
+				if p.in.Stale() && w.inboxes.ByName(p.in.Name) == p.in {
+					// Gone, and not back yet: no read here at each
+					// delivery meanwhile (see below).
+					w.reopenInbox(p.in, p.quit)
+				}
 				continue
 			}
 			p.reconnects = n
@@ -677,7 +683,8 @@ func (w *Worker) pullLoop(p *puller) {
 			_ = msg.NakWithDelay(time.Second)
 			if cur == p.in {
 				// Known gone, and the set has not the new one yet (a
-				// check found the stream missing): take it now. Run then
+				// check found the stream missing): the watcher reads it
+				// again until it is back, and this loop waits; Run then
 				// replaces this pull.
 				w.reopenInbox(p.in, p.quit)
 			}
