@@ -101,6 +101,7 @@ func (w *Worker) watchInboxes(ctx context.Context) {
 			reconnectedAt = time.Time{}
 			check.Reset(jittered(period))
 		case <-reconnected:
+			reconnectedAt = time.Now()
 			// What the server sent while the connection was down is
 			// lost. And a server it reconnected to may refuse the
 			// subscriptions.
@@ -118,10 +119,8 @@ func (w *Worker) watchInboxes(ctx context.Context) {
 			// the old one's; this check is for the streams no
 			// delivery came from since (a lane owner reads its stream
 			// by name), and skips those a pull loop's check found
-			// current.
-			if reconnectedAt.IsZero() {
-				reconnectedAt = time.Now()
-			}
+			// current since (the last reconnect: a read before it
+			// may be older than a making while it was down).
 			check.Reset(mrand.N(reconnectCheckMax))
 		case <-adv.kick:
 			due = w.toReread(adv.take(), retryAt)
