@@ -69,6 +69,11 @@ func TestForwardOfAnotherIncarnation(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// The subscription is on the server before a forward is
+			// sent from another connection.
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
 			stopWatch := startWatch(w)
 			t.Cleanup(func() {
 				unsub()
@@ -302,6 +307,9 @@ func TestForwardOfAnUnknownIncarnationHoldsUpNoOther(t *testing.T) {
 	}
 	unsub, err := w.subscribeForwards()
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	stopWatch := startWatch(w)
