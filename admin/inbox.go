@@ -28,7 +28,9 @@ type MigrateOptions struct {
 	DrainTimeout time.Duration
 	// RetryWait bounds how long one step of the migration retries a
 	// JetStream call that failed on a transient error (a leader election,
-	// "JetStream system temporarily unavailable", a timeout; default 1m).
+	// "JetStream system temporarily unavailable", a timeout; default 1m),
+	// counted from its first failure: the work an attempt did before it
+	// failed does not count.
 	// Past it the migration stops with the error, as an interruption
 	// would: running the command again finishes it.
 	RetryWait time.Duration
