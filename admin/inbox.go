@@ -28,7 +28,9 @@ type MigrateOptions struct {
 	DrainTimeout time.Duration
 	// RetryWait bounds how long one step of the migration retries a
 	// JetStream call that failed on a transient error (a leader election,
-	// "JetStream system temporarily unavailable", a timeout; default 1m).
+	// "JetStream system temporarily unavailable", a timeout; default 1m),
+	// counted from its first failure: the work an attempt did before it
+	// failed does not count.
 	// Past it the migration stops with the error, as an interruption
 	// would: running the command again finishes it.
 	RetryWait time.Duration
@@ -118,7 +120,12 @@ var ErrMapChanged = errors.New("the inbox map changed under the migration (anoth
 // messages left in one their partition is not assigned to (see strays),
 // settles what it finds as a migration's last look does (the partition
 // moved again, or ErrInBothStreams), and reports it (Strays). With nothing
-// found that is one stream info request per stream and no map write.
+// found that is a read of the map, two stream info requests per stream
+// (see misplaced), one per stream index past the count up to
+// broker.MaxInboxStreams (a look for streams a stopped run left, see
+// leftovers), and no map write. Drain markers it sees left in a stream (by
+// a run stopped before it purged them) it purges, as a migration purges
+// every stream's at its end.
 func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) (rep MigrateReport, err error) {
 	start := time.Now()
 	if o.Batch <= 0 {
@@ -162,17 +169,20 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 	if !mg.m.Migrating() && mg.m.Streams == target {
 		// Nothing to move: a look for messages left in streams their
 		// partitions are not assigned to (see strays), answered as a
-		// migration's last look answers them. It costs one stream info
-		// request per stream, and writes the map only when it finds one.
+		// migration's last look answers them. It costs two stream info
+		// requests per stream, and writes the map only when it finds one.
 		if err := mg.lookAll(ctx, &rep); err != nil {
 			return rep, err
 		}
-		if rep.Moved > 0 {
-			// The moves' drain markers.
-			for i := 0; i < mg.m.Streams; i++ {
-				if err := mg.purgeMarkers(ctx, i); err != nil {
-					return rep, err
-				}
+		// The moves' drain markers, and those a run stopped before its
+		// purge of them left behind (the look saw them: a migration purges
+		// every stream's at its end).
+		for i := 0; i < mg.m.Streams; i++ {
+			if rep.Moved == 0 && !mg.markers[i] {
+				continue
+			}
+			if err := mg.purgeMarkers(ctx, i); err != nil {
+				return rep, err
 			}
 		}
 		// A migration stopped after its last map write leaves its emptied
@@ -374,6 +384,9 @@ type migration struct {
 	m      broker.InboxMap
 	rev    uint64
 	found  int // partitions strays found in a stream not assigned to them
+	// markers holds the streams the last look (misplaced) saw holding
+	// messages on their control subject: drain markers.
+	markers map[int]bool
 }
 
 // load reads the map from its stream's leader: a direct get may be answered
@@ -538,7 +551,7 @@ func (mg *migration) move(ctx context.Context, batch []broker.Move) (moveResult,
 			}
 		}
 		// 5. purge, up to the bounds.
-		residue, err := retry(ctx, mg, "purge", mg.purge)
+		residue, err := retryEach(ctx, mg, "purge", mg.purge)
 		if err != nil {
 			return res, err
 		}
@@ -678,7 +691,7 @@ func (mg *migration) strays(ctx context.Context, moves []broker.Move) (int, time
 // finds none, adding its moves and drains to rep.
 func (mg *migration) lookAll(ctx context.Context, rep *MigrateReport) error {
 	for {
-		moves, err := retry(ctx, mg, "look at the inbox streams", mg.misplaced)
+		moves, err := retryEach(ctx, mg, "look at the inbox streams", mg.misplaced)
 		if err != nil {
 			return err
 		}
@@ -696,22 +709,27 @@ func (mg *migration) lookAll(ctx context.Context, rep *MigrateReport) error {
 
 // misplaced lists, as moves, the open partitions that a stream holds
 // messages of while the map assigns them to another stream, for strays
-// (which confirms each from the stream's leader). One stream info request
-// per stream, with the subjects of the inbox wildcard; the stream's leader
-// answers it but for a group without one, so strays' look can miss a
-// message only a replica that lags has not stored yet.
+// (which confirms each from the stream's leader). Two requests per stream:
+// its info (binding it), then its info with the subjects under the fleet's
+// prefix and their message counts (the inbox subjects, and the stream's
+// control subject); the stream's leader answers them but for a group
+// without one, so strays' look can miss a message only a replica that lags
+// has not stored yet. It also notes in mg.markers the streams that hold
+// messages on their control subject: drain markers. The subjects and their
+// counts come in one answer, so a publish or a delete of an inbox message
+// meanwhile cannot make a marker seen or missed.
 func (mg *migration) misplaced(ctx context.Context) ([]broker.Move, error) {
 	f := mg.f
 	var out []broker.Move
+	markers := map[int]bool{}
 	for i := 0; i < mg.m.Streams; i++ {
 		name := f.Names.InboxStreamAt(i)
-		st, err := f.JS.Stream(ctx, name)
+		_, info, err := mg.streamInfo(ctx, name, f.Names.Prefix()+".>")
 		if err != nil {
 			return nil, fmt.Errorf("inbox stream %s: %w", name, err)
 		}
-		info, err := st.Info(ctx, jetstream.WithSubjectFilter(f.Names.InboxWildcard()))
-		if err != nil {
-			return nil, fmt.Errorf("inbox stream %s: %w", name, err)
+		if info.State.Subjects[f.Names.InboxControlSubject(i)] > 0 {
+			markers[i] = true
 		}
 		var ps []int
 		for subj := range info.State.Subjects {
@@ -726,6 +744,7 @@ func (mg *migration) misplaced(ctx context.Context) ([]broker.Move, error) {
 			out = append(out, broker.Move{P: p, From: i, To: mg.m.Assign[p]})
 		}
 	}
+	mg.markers = markers
 	return out, nil
 }
 
@@ -809,10 +828,14 @@ func (mg *migration) mark(ctx context.Context, i int) (uint64, error) {
 	name := mg.f.Names.InboxStreamAt(i)
 	// A marker whose ack was lost may have been stored: the one retried is
 	// stored above it, after the close as well, and bounds the drain
-	// instead (the purge of the markers takes both).
+	// instead (the purge of the markers takes both). A publish no stream
+	// answered (no responders: the stream's leader away) stored nothing.
+	// retry is the one layer that makes the publish again, logging each
+	// failure: the client's own retry on no responders is turned off, so
+	// that it neither outlasts the attempt's bound nor hides the stall.
 	ack, err := retry(ctx, mg, "drain marker into "+name, func(ctx context.Context) (*jetstream.PubAck, error) {
 		return mg.f.JS.Publish(ctx, mg.f.Names.InboxControlSubject(i), []byte("drain marker"), jetstream.WithExpectStream(name),
-			jetstream.WithRetryAttempts(100), jetstream.WithRetryWait(200*time.Millisecond))
+			jetstream.WithRetryAttempts(0))
 	})
 	if err != nil {
 		return 0, fmt.Errorf("drain marker into %s: %w", name, err)
@@ -868,7 +891,7 @@ func (mg *migration) purgeMarkers(ctx context.Context, i int) error {
 func (mg *migration) reopen(ctx context.Context, cause error) error {
 	f := mg.f
 	ctx = context.WithoutCancel(ctx)
-	residue, err := retry(ctx, mg, "purge", mg.purge)
+	residue, err := retryEach(ctx, mg, "purge", mg.purge)
 	if err != nil {
 		return fmt.Errorf("%w (the batch could not be reopened: %v; it stays closed until the command is run again)", cause, err)
 	}
@@ -883,7 +906,7 @@ func (mg *migration) reopen(ctx context.Context, cause error) error {
 		case !residue[mv.P]:
 		default:
 			var desc string
-			found, err := retry(ctx, mg, "read "+f.Names.InboxStreamAt(mv.To), func(ctx context.Context) (found bool, err error) {
+			found, err := retryEach(ctx, mg, "read "+f.Names.InboxStreamAt(mv.To), func(ctx context.Context) (found bool, err error) {
 				desc, found, err = mg.inBoth(ctx, mv)
 				return found, err
 			})
@@ -961,11 +984,13 @@ func (mg *migration) inBoth(ctx context.Context, mv broker.Move) (string, bool, 
 	f := mg.f
 	oldName, newName := f.Names.InboxStreamAt(mv.From), f.Names.InboxStreamAt(mv.To)
 	subj := f.Names.InboxPartitionSubject(mv.P)
-	first, found, err := nextOf(ctx, f.JS, newName, subj, 1)
+	first, found, err := mg.nextOf(ctx, newName, subj, 1)
 	if err != nil || !found {
 		return "", false, err
 	}
-	left, err := broker.LeaderGet(ctx, f.JS, oldName, broker.LeaderGetRequest{Seq: 1, NextBySubject: subj})
+	left, err := once(ctx, mg, func(ctx context.Context) (*broker.LeaderMsg, error) {
+		return broker.LeaderGet(ctx, f.JS, oldName, broker.LeaderGetRequest{Seq: 1, NextBySubject: subj})
+	})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		// Removed since the purge looked: the re-run's purge opens it in
 		// its new stream.
@@ -976,9 +1001,7 @@ func (mg *migration) inBoth(ctx context.Context, mv broker.Move) (string, bool, 
 	}
 	lane := strings.TrimPrefix(left.Subject, fmt.Sprintf("%s.in.%d.", f.Names.Prefix(), mv.P))
 	more := ""
-	if old, err := f.JS.Stream(ctx, oldName); err != nil {
-		return "", false, err
-	} else if info, err := old.Info(ctx, jetstream.WithSubjectFilter(subj)); err != nil {
+	if _, info, err := mg.streamInfo(ctx, oldName, subj); err != nil {
 		return "", false, err
 	} else {
 		var n uint64 // State.Msgs counts the whole stream
@@ -991,18 +1014,18 @@ func (mg *migration) inBoth(ctx context.Context, mv broker.Move) (string, bool, 
 	}
 	desc := fmt.Sprintf("partition %d: message %d of lane %s left in its old stream %s%s, and messages in its new stream %s from seq %d on",
 		mv.P, left.Sequence, lane, oldName, more, newName, first)
-	laneFirst, found, err := nextOf(ctx, f.JS, newName, left.Subject, 1)
+	laneFirst, found, err := mg.nextOf(ctx, newName, left.Subject, 1)
 	if err != nil {
 		return "", false, err
 	}
 	if !found {
 		return desc + fmt.Sprintf(" (none of lane %s)", lane), true, nil
 	}
-	st, err := f.JS.Stream(ctx, newName)
+	st, err := once(ctx, mg, func(ctx context.Context) (jetstream.Stream, error) { return f.JS.Stream(ctx, newName) })
 	if err != nil {
 		return "", false, err
 	}
-	e, _, err := f.Store.Get(ctx, lane)
+	e, err := mg.entry(ctx, lane)
 	if err != nil && !errors.Is(err, kv.ErrNotFound) {
 		return "", false, err
 	}
@@ -1025,13 +1048,15 @@ func (mg *migration) purge(ctx context.Context) (map[int]bool, error) {
 			continue
 		}
 		name := f.Names.InboxStreamAt(mv.From)
-		st, err := f.JS.Stream(ctx, name)
+		st, err := once(ctx, mg, func(ctx context.Context) (jetstream.Stream, error) { return f.JS.Stream(ctx, name) })
 		if err != nil {
 			return nil, err
 		}
 		subj := f.Names.InboxPartitionSubject(mv.P)
 		if b := *mv.Drained; b > 0 {
-			if err := st.Purge(ctx, jetstream.WithPurgeSubject(subj), jetstream.WithPurgeSequence(b+1)); err != nil {
+			if err := onceDo(ctx, mg, func(ctx context.Context) error {
+				return st.Purge(ctx, jetstream.WithPurgeSubject(subj), jetstream.WithPurgeSequence(b+1))
+			}); err != nil {
 				return nil, fmt.Errorf("purge partition %d from %s up to %d: %w", mv.P, name, b, err)
 			}
 		}
@@ -1061,15 +1086,11 @@ func (mg *migration) purgeAnswered(ctx context.Context, i, p int) (uint64, bool,
 	f := mg.f
 	name := f.Names.InboxStreamAt(i)
 	subj := f.Names.InboxPartitionSubject(p)
-	seq, found, err := nextOf(ctx, f.JS, name, subj, 1)
+	seq, found, err := mg.nextOf(ctx, name, subj, 1)
 	if err != nil || !found {
 		return seq, found, err
 	}
-	st, err := f.JS.Stream(ctx, name)
-	if err != nil {
-		return 0, false, err
-	}
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subj))
+	st, info, err := mg.streamInfo(ctx, name, subj)
 	if err != nil {
 		return 0, false, err
 	}
@@ -1078,19 +1099,21 @@ func (mg *migration) purgeAnswered(ctx context.Context, i, p int) (uint64, bool,
 	purged := false
 	for s := range info.State.Subjects {
 		lane := strings.TrimPrefix(s, prefix)
-		e, _, err := f.Store.Get(ctx, lane)
+		e, err := mg.entry(ctx, lane)
 		if err != nil && !errors.Is(err, kv.ErrNotFound) {
 			return 0, false, err
 		}
 		if e == nil || id == "" || e.InboxID != id {
 			continue
 		}
-		if laneFirst, found, err := nextOf(ctx, f.JS, name, s, 1); err != nil {
+		if laneFirst, found, err := mg.nextOf(ctx, name, s, 1); err != nil {
 			return 0, false, err
 		} else if !found || e.CommittedSeq < laneFirst {
 			continue
 		}
-		if err := st.Purge(ctx, jetstream.WithPurgeSubject(s), jetstream.WithPurgeSequence(e.CommittedSeq+1)); err != nil {
+		if err := onceDo(ctx, mg, func(ctx context.Context) error {
+			return st.Purge(ctx, jetstream.WithPurgeSubject(s), jetstream.WithPurgeSequence(e.CommittedSeq+1))
+		}); err != nil {
 			return 0, false, fmt.Errorf("purge lane %s's committed messages from %s: %w", lane, name, err)
 		}
 		mg.log.Info("inbox: lane's messages committed in a stream its partition is not assigned to purged", slog.String("lane", lane),
@@ -1100,7 +1123,7 @@ func (mg *migration) purgeAnswered(ctx context.Context, i, p int) (uint64, bool,
 	if !purged {
 		return seq, true, nil
 	}
-	return nextOf(ctx, f.JS, name, subj, 1)
+	return mg.nextOf(ctx, name, subj, 1)
 }
 
 // nextOf is the seq of the first message on subj (a wildcard) at or after
@@ -1143,21 +1166,25 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move, marks map[i
 	done := map[string]uint64{} // subject -> last seq known committed
 	bounds := map[int]uint64{}
 	// A read that fails on a transient error (see retry) leaves its
-	// partition for the next round; each round's reads are bounded by
-	// attemptTimeout, the rounds by the drain timeout.
+	// partition for the next round. Each read is bounded by attemptTimeout
+	// (a round makes one per lane: a bound over the whole round would cap
+	// the lanes a partition can have), the rounds by the drain timeout. A
+	// read that timed out ends its round: the cluster is likely away for
+	// the others too (and the drain ends only once every partition has
+	// drained), so a round of an unreachable cluster takes one bound, not
+	// one per partition.
 	var stalled error
-	cancelRound := func() {}
-	defer func() { cancelRound() }()
 	for {
 		left := 0
 		var firstLeft string
 		wasStalled := stalled
 		stalled = nil
-		cancelRound()
-		rctx, cancel := context.WithTimeout(ctx, mg.o.attempt)
-		cancelRound = cancel
+		timedOut := false
 	moves:
 		for _, mv := range moves {
+			if timedOut {
+				break
+			}
 			if _, ok := bounds[mv.P]; ok {
 				continue
 			}
@@ -1170,6 +1197,7 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move, marks map[i
 				stalled = err
 				left++
 				firstLeft = fmt.Sprintf("partition %d (%v)", mv.P, err)
+				timedOut = errors.Is(err, context.DeadlineExceeded)
 				return true
 			}
 			bound, ok := marks[mv.From]
@@ -1181,14 +1209,7 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move, marks map[i
 				marks[mv.From], bound = seq, seq
 			}
 			name := f.Names.InboxStreamAt(mv.From)
-			st, err := f.JS.Stream(rctx, name)
-			if err != nil {
-				if stall(err) {
-					continue
-				}
-				return nil, drainErr(ctx, err)
-			}
-			info, err := st.Info(rctx, jetstream.WithSubjectFilter(f.Names.InboxPartitionSubject(mv.P)))
+			_, info, err := mg.streamInfo(ctx, name, f.Names.InboxPartitionSubject(mv.P))
 			if err != nil {
 				if stall(err) {
 					continue
@@ -1199,7 +1220,7 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move, marks map[i
 			prefix := fmt.Sprintf("%s.in.%d.", f.Names.Prefix(), mv.P)
 			ok = true
 			for subj := range info.State.Subjects {
-				last, found, err := lastOf(rctx, f.JS, name, subj)
+				last, found, err := mg.lastOf(ctx, name, subj)
 				if err != nil {
 					if stall(err) {
 						continue moves
@@ -1213,7 +1234,7 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move, marks map[i
 					continue
 				}
 				lane := strings.TrimPrefix(subj, prefix)
-				e, _, err := f.Store.Get(rctx, lane)
+				e, err := mg.entry(ctx, lane)
 				if err != nil && !errors.Is(err, kv.ErrNotFound) {
 					if stall(err) {
 						continue moves
@@ -1232,7 +1253,7 @@ func (mg *migration) drain(ctx context.Context, moves []broker.Move, marks map[i
 				continue
 			}
 			// Stored past the marker: not covered by it; a new marker.
-			if seq, found, err := nextOf(rctx, f.JS, name, f.Names.InboxPartitionSubject(mv.P), bound+1); err != nil {
+			if seq, found, err := mg.nextOf(ctx, name, f.Names.InboxPartitionSubject(mv.P), bound+1); err != nil {
 				if stall(err) {
 					continue
 				}

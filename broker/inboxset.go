@@ -33,6 +33,24 @@ type Inbox struct {
 	Consumer jetstream.Consumer
 	// stale is set when this incarnation is known to be gone or in doubt.
 	stale atomic.Bool
+	// checked is when the latest read of the stream that found this
+	// incarnation current began (UnixNano).
+	checked atomic.Int64
+}
+
+// CheckedSince reports whether a read of the stream that began at t or
+// later found this incarnation current (the read that opened it, or a
+// Reopen that kept it).
+func (in *Inbox) CheckedSince(t time.Time) bool { return in.checked.Load() >= t.UnixNano() }
+
+// noteChecked records that a read begun at start found in current.
+func (in *Inbox) noteChecked(start time.Time) {
+	for {
+		old := in.checked.Load()
+		if old >= start.UnixNano() || in.checked.CompareAndSwap(old, start.UnixNano()) {
+			return
+		}
+	}
 }
 
 // Stale reports whether the incarnation is known to be gone or in doubt
@@ -175,6 +193,7 @@ var errNoIdentity = errors.New("no identity metadata; run provisioning")
 // openStream reads inbox stream i and its identity.
 func (s *InboxSet) openStream(ctx context.Context, i int) (*Inbox, error) {
 	name := s.names.InboxStreamAt(i)
+	start := time.Now()
 	st, err := s.js.Stream(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("inbox stream %s: %w", name, err)
@@ -183,7 +202,9 @@ func (s *InboxSet) openStream(ctx context.Context, i int) (*Inbox, error) {
 	if id == "" {
 		return nil, fmt.Errorf("inbox stream %s: %w", name, errNoIdentity)
 	}
-	return &Inbox{Index: i, Name: name, ID: id, Stream: st}, nil
+	in := &Inbox{Index: i, Name: name, ID: id, Stream: st}
+	in.checked.Store(start.UnixNano())
+	return in, nil
 }
 
 // openConsumer opens in's workers consumer, for a set opened with them.
@@ -202,55 +223,119 @@ func (s *InboxSet) openConsumer(ctx context.Context, in *Inbox) error {
 // Reopen reads inbox stream in again and makes the set name what it finds:
 // for a reader that met a sign that in's incarnation is gone (gone: its
 // workers consumer reported deleted) or in doubt (a seq or identity that
-// does not fit). When the stream has another identity than in, or gone is
-// set, in is marked Stale at once (before the read: nothing goes on using
-// it while the stream is away) and the set takes a new Inbox, with new
-// handles, in its place; Changed then signals. Otherwise in stays, and is
-// returned. An error (the stream not there yet, while it is recreated, or
-// its consumer not yet) leaves in in the set, Stale if gone, if the stream
-// was not found or if it has another identity: the caller tries again.
+// does not fit). When gone is set, in is marked Stale at once (before the
+// read: nothing goes on using it while the stream is away).
+//
+// The read is judged against the incarnation the set has for the stream
+// (which may be another than in: another reader took a newer one), and it
+// is newer than that one when no reader installed another while it ran:
+// then what the set has is marked Stale and replaced, with new handles,
+// unless it has the identity found and is not Stale (and not in, gone).
+// Changed then signals. When another reader installed an incarnation while
+// the read ran, the two reads cannot be ordered (the other's may have been
+// answered just before the stream was deleted and made again, or this
+// one's): if both found the same identity, that one is returned, else the
+// stream is read again and judged against it (at most reopenReads reads in
+// all, then an error, as another reader keeps replacing it). An
+// incarnation read before a read that found another identity (in, and the
+// one the set had when Reopen began) is marked Stale, whatever the set
+// then does.
+//
+// Success returns the incarnation the set has for the stream, found
+// current by a read that began after it was installed or that found the
+// same identity. When the map no longer names the stream (a migration
+// removed it) the set takes nothing: Reopen returns in if the read found
+// its identity (and it is neither Stale nor gone), else a new Inbox the
+// set does not name. An error (the stream not there yet, while it is
+// recreated, or its consumer not yet) takes nothing either: in and the
+// set's incarnation are Stale if the stream was not found or has another
+// identity, in if gone; the caller tries again (passing in, or the set's
+// incarnation: the read is judged against the set's either way).
 func (s *InboxSet) Reopen(ctx context.Context, in *Inbox, gone bool) (*Inbox, error) {
 	if gone {
 		in.stale.Store(true)
 	}
-	fresh, err := s.openStream(ctx, in.Index)
-	if err != nil {
-		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, errNoIdentity) {
-			// Deleted, or made again by other means than provisioning:
-			// whatever is there under its name is another.
-			in.stale.Store(true)
+	s.mu.RLock()
+	before := s.streams[in.Index]
+	s.mu.RUnlock()
+	for reads := 1; ; reads++ {
+		fresh, err := s.openStream(ctx, in.Index)
+		if err != nil {
+			if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, errNoIdentity) {
+				// Deleted, or made again by other means than
+				// provisioning: whatever is there under its name is
+				// another.
+				in.stale.Store(true)
+				if before != nil {
+					before.stale.Store(true)
+				}
+			}
+			return nil, err
 		}
-		return nil, err
-	}
-	if fresh.ID == in.ID && !gone && !in.Stale() {
-		return in, nil
-	}
-	// Another incarnation (or one known gone): stale from now on, before
-	// its consumer is looked up (provisioning may make it a moment later).
-	in.stale.Store(true)
-	if err := s.openConsumer(ctx, fresh); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cur := s.streams[in.Index]
-	switch {
-	case cur == nil:
-		// The map no longer names it (a migration removed it).
+		// Both were read before this read began: of another identity,
+		// they are gone.
+		for _, old := range []*Inbox{in, before} {
+			if old != nil && old.ID != fresh.ID {
+				old.stale.Store(true)
+			}
+		}
+		s.mu.RLock()
+		cur := s.streams[in.Index]
+		s.mu.RUnlock()
+		switch {
+		case cur != nil && cur.ID == fresh.ID && !cur.Stale():
+			// Found current (by this read, newer than its install, or
+			// by this read and the installer's alike).
+			cur.noteChecked(time.Unix(0, fresh.checked.Load()))
+			return cur, nil
+		case cur != before:
+			// Installed (or dropped by the map) while this read ran.
+			before = cur
+			if reads == reopenReads {
+				return nil, fmt.Errorf("inbox stream %s: %w", in.Name, errReopenRaced)
+			}
+			continue
+		case cur == nil:
+			// The map no longer names it (a migration removed it).
+			if fresh.ID == in.ID && !in.Stale() {
+				in.noteChecked(time.Unix(0, fresh.checked.Load()))
+				return in, nil
+			}
+			if err := s.openConsumer(ctx, fresh); err != nil {
+				return nil, err
+			}
+			return fresh, nil
+		}
+		// cur, the set's since before this read, is not current: this
+		// read, newer, replaces it. Its consumer is looked up first
+		// (provisioning may make it a moment after the stream).
+		if err := s.openConsumer(ctx, fresh); err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		if now := s.streams[in.Index]; now != cur {
+			s.mu.Unlock()
+			before = now
+			if reads == reopenReads {
+				return nil, fmt.Errorf("inbox stream %s: %w", in.Name, errReopenRaced)
+			}
+			continue
+		}
+		cur.stale.Store(true)
+		s.streams[in.Index] = fresh
+		close(s.changed)
+		s.changed = make(chan struct{})
+		s.mu.Unlock()
 		return fresh, nil
-	case cur != in && !cur.Stale():
-		// Another reader reopened it first. What this read found may
-		// already be older than what it installed (a read answered just
-		// before the stream was deleted and made again): the set keeps
-		// its Inbox, whose own checks catch it if it is not current.
-		return cur, nil
 	}
-	cur.stale.Store(true)
-	s.streams[in.Index] = fresh
-	close(s.changed)
-	s.changed = make(chan struct{})
-	return fresh, nil
 }
+
+// reopenReads bounds the reads of one Reopen (see there).
+const reopenReads = 3
+
+// errReopenRaced is a Reopen whose reads other readers' installs kept
+// overtaking: the caller tries again.
+var errReopenRaced = errors.New("replaced by other readers while it was read; read it again")
 
 // Watch keeps the set current until ctx ends: each stored change of the map
 // is applied (a failure to open a stream it names is retried).

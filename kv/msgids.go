@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agentfleet/agentfleet/broker"
@@ -170,9 +169,10 @@ type PendingClaim struct {
 func (m *MsgIDs) ClaimAsync(id string, ref MsgRef) *PendingClaim {
 	c := &PendingClaim{m: m, id: id, ref: ref}
 	if m.async != nil {
-		msg := nats.NewMsg("$KV." + m.kv.Bucket() + "." + m.Key(id))
-		msg.Data = ref.Encode()
-		if fut, err := m.async.PublishMsgAsync(msg, jetstream.WithExpectLastSequencePerSubject(0)); err == nil {
+		// A create: the header jetstream.WithExpectLastSequencePerSubject(0)
+		// sets, without the option's allocations.
+		msg := broker.NewMsg("$KV."+m.kv.Bucket()+"."+m.Key(id), ref.Encode(), jetstream.ExpectedLastSubjSeqHeader, "0")
+		if fut, err := m.async.PublishMsgAsync(msg); err == nil {
 			c.fut = fut
 		}
 	}

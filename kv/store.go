@@ -57,7 +57,17 @@ func NewStore(res *broker.Resources, opts *StoreOptions) *Store {
 func (s *Store) Now() time.Time { return s.now() }
 
 func (s *Store) writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	return context.WithTimeout(withoutCancel(ctx), s.timeout)
+}
+
+// withoutCancel is context.WithoutCancel(ctx), or ctx itself when nothing
+// can cancel it (Done is nil: no cancellation and no deadline), as for the
+// worker's writes, whose context is already one without cancellation.
+func withoutCancel(ctx context.Context) context.Context {
+	if ctx.Done() == nil {
+		return ctx
+	}
+	return context.WithoutCancel(ctx)
 }
 
 // Get reads a lane's entry and its revision.

@@ -141,7 +141,7 @@ func (l *Log) Append(ctx context.Context, sessionID string, lastSeq uint64, e *E
 		return 0, fmt.Errorf("append to %s: encode entry: %w", sessionID, err)
 	}
 
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.writeTimeout)
+	wctx, cancel := context.WithTimeout(withoutCancel(ctx), l.writeTimeout)
 	defer cancel()
 	a := &appendOp{
 		log:       l,
@@ -159,6 +159,16 @@ func (l *Log) Append(ctx context.Context, sessionID string, lastSeq uint64, e *E
 	}
 	e.Seq = seq
 	return seq, nil
+}
+
+// withoutCancel is context.WithoutCancel(ctx), or ctx itself when nothing
+// can cancel it (Done is nil: no cancellation and no deadline), as for the
+// worker's appends, whose context is already one without cancellation.
+func withoutCancel(ctx context.Context) context.Context {
+	if ctx.Done() == nil {
+		return ctx
+	}
+	return context.WithoutCancel(ctx)
 }
 
 // appendOp is one Append, with what it has learnt so far.
@@ -292,19 +302,22 @@ func (a *appendOp) readTail(ctx context.Context) uint64 {
 }
 
 func (a *appendOp) publish(ctx context.Context) (*jetstream.PubAck, error) {
-	m := nats.NewMsg(a.subject)
-	m.Data = a.data
-	m.Header.Set(broker.HdrEntryID, a.entry.ID)
-	m.Header.Set(broker.HdrSessionID, a.sessionID)
+	// The expected last subject sequence and the Msg-Id are the headers
+	// jetstream.WithExpectLastSequencePerSubject and WithMsgID would set,
+	// set here without the options' allocations (see broker.NewMsg).
+	var buf [12]string
+	h := append(buf[:0],
+		broker.HdrEntryID, a.entry.ID,
+		broker.HdrSessionID, a.sessionID,
+		jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(a.lastSeq, 10),
+		jetstream.MsgIDHeader, a.entry.ID)
 	if a.entry.TurnID != "" {
-		m.Header.Set(broker.HdrTurnID, a.entry.TurnID)
+		h = append(h, broker.HdrTurnID, a.entry.TurnID)
 	}
 	if a.entry.InboxSeq != 0 {
-		m.Header.Set(broker.HdrInboxSeq, strconv.FormatUint(a.entry.InboxSeq, 10))
+		h = append(h, broker.HdrInboxSeq, strconv.FormatUint(a.entry.InboxSeq, 10))
 	}
-	return a.log.js.PublishMsg(ctx, m,
-		jetstream.WithExpectLastSequencePerSubject(a.lastSeq),
-		jetstream.WithMsgID(a.entry.ID))
+	return a.log.js.PublishMsg(ctx, broker.NewMsg(a.subject, a.data, h...))
 }
 
 // wrongLastSeqPrefix starts the description of err_code 10071.

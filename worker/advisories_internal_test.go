@@ -241,3 +241,73 @@ func TestInboxIdentityMetadataEdited(t *testing.T) {
 		return nil
 	})
 }
+
+// TestReconnectCheckSkipsStreamsCheckedSince: the identity check that
+// follows a reconnect (checkAllInboxes with the reconnect's time) does not
+// read again a stream whose identity a read begun after the reconnect
+// found current (a pull loop checks its stream before it takes a delivery
+// after a reconnect); the periodic check reads every stream, and so does
+// the reconnect check a stream not read since.
+func TestReconnectCheckSkipsStreamsCheckedSince(t *testing.T) {
+	t.Parallel()
+	srv, nc, js, names, res := provisionFleet(t, advTestTTL)
+	w, err := New(nc, js, res, Config{ID: "w1", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: advTestTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.ajs.CleanupPublisher)
+	stream := names.InboxStream()
+	obs := srv.Connect(t)
+	reads, err := obs.SubscribeSync("$JS.API.STREAM.INFO.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := obs.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// counted is the number of reads of the stream the worker's
+	// connection made since the last call: a marker it sends after them
+	// arrives after them.
+	marker := 0
+	counted := func() int {
+		t.Helper()
+		marker++
+		m := fmt.Sprintf("$JS.API.STREAM.INFO.marker-%d", marker)
+		if err := nc.Publish(m, nil); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for {
+			r, err := reads.NextMsg(30 * time.Second)
+			if err != nil {
+				t.Fatalf("the marker did not arrive: %v", err)
+			}
+			if r.Subject == m {
+				return n
+			}
+			if r.Subject == "$JS.API.STREAM.INFO."+stream {
+				n++
+			}
+		}
+	}
+	reconnected := time.Now()
+	// A pull loop's check after the reconnect.
+	in := w.inboxes.ByName(stream)
+	if got, err := w.inboxes.Reopen(t.Context(), in, false); err != nil || got != in {
+		t.Fatalf("the check: %v, %v", got, err)
+	}
+	counted()
+	retryAt := map[string]*reopenRetry{}
+	w.checkAllInboxes(t.Context(), retryAt, reconnected)
+	if n := counted(); n != 0 {
+		t.Errorf("the reconnect check read a stream checked since %d times", n)
+	}
+	w.checkAllInboxes(t.Context(), retryAt, time.Time{})
+	if n := counted(); n != 1 {
+		t.Errorf("the periodic check read the stream %d times, want once", n)
+	}
+	w.checkAllInboxes(t.Context(), retryAt, time.Now())
+	if n := counted(); n != 1 {
+		t.Errorf("the reconnect check read a stream not checked since %d times, want once", n)
+	}
+}

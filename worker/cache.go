@@ -42,14 +42,14 @@ func (t *txState) hasUser(in *broker.Inbox, seq uint64) bool {
 
 func newTxState(sid string, entries []transcript.Entry, last uint64) *txState {
 	st := &txState{sessionID: sid, last: last, ids: make(map[string]bool, len(entries)), userSeqs: map[userKey]bool{}}
-	for _, e := range entries {
-		st.add(e)
+	for i := range entries {
+		st.add(&entries[i])
 	}
 	return st
 }
 
-func (t *txState) add(e transcript.Entry) {
-	t.entries = append(t.entries, e)
+func (t *txState) add(e *transcript.Entry) {
+	t.entries = append(t.entries, *e)
 	if e.Seq > t.last {
 		t.last = e.Seq
 	}
@@ -74,7 +74,7 @@ func (t *txState) add(e transcript.Entry) {
 	if e.Kind == transcript.KindMessage && !e.Deleted {
 		switch e.Role {
 		case transcript.RoleUser, transcript.RoleAssistant, transcript.RoleTool, transcript.RoleSystem:
-			t.hist = append(t.hist, messageOf(e))
+			t.hist = append(t.hist, messageOf(*e))
 		}
 	}
 }

@@ -45,9 +45,10 @@ import (
 // from (hdrFwdInbox: the identity of the sender's broker.Inbox). An inbox
 // stream deleted and made again under the same name counts its seqs from 1
 // again, and the two workers may not have noticed it at the same moment: the
-// receiver judges the delivery's seq only against that same incarnation
-// (see forwardedIncarnation), and hands it back otherwise, as it does a
-// delivery it pulled itself from an incarnation that is not current. A
+// receiver judges the delivery's seq only against that same incarnation,
+// and hands it back otherwise, as it does a delivery it pulled itself from
+// an incarnation that is not current, and has the stream's identity read
+// (see checkForwardedIncarnation). A
 // forward without the header (from a worker that predates it) is taken as
 // of the receiver's incarnation of the stream, as before.
 
@@ -170,14 +171,16 @@ func (w *Worker) subscribeForwards() (unsub func(), err error) {
 			return
 		}
 		if mismatch {
-			if from = w.forwardedIncarnation(from, id); from == nil {
-				// Of an incarnation that is not current (the sender's
-				// view is the older), or not known yet: handed back, as
-				// a delivery of a stale incarnation pulled here is.
-				w.stats.ForwardsStale.Add(1)
-				_ = d.NakWithDelay(time.Second)
-				return
-			}
+			// Of an incarnation that is not this worker's current one:
+			// either the sender's view is the older or this worker's
+			// is. Handed back at once, as a delivery of a stale
+			// incarnation pulled here is, and the stream's identity
+			// read by the watcher, not here: the read would hold up
+			// every forward behind this one.
+			w.checkForwardedIncarnation(from)
+			w.stats.ForwardsStale.Add(1)
+			_ = d.NakWithDelay(time.Second)
+			return
 		}
 		// Never forwarded again from here: a lane this worker does not run
 		// gets a runner, which judges by the lease (and forwards to its
@@ -226,55 +229,33 @@ func (w *Worker) drainingForward(laneTok string, d jetstream.Msg, from *broker.I
 	}
 }
 
-// forwardedIncarnation returns this worker's incarnation of inbox stream cur's
-// stream when it is the one with identity id, which a forwarded delivery
-// came from, or nil. cur, the set's incarnation now, is another: either the
-// sender's is the older (this worker already took the stream's new
-// incarnation, or found it gone) or this worker's is (it has not noticed
-// yet). The stream's identity is read (InboxSet.Reopen) to tell which: a
-// newer incarnation found is taken by the set at once, as a check of the
-// pull loop would. The read runs in the forward subscription's callback,
-// which it holds up, and an older sender's held deliveries come in a
-// burst: a read that found cur current is not repeated within a second for
-// forwards of the same other identity, and a read that failed (the stream
-// gone and not yet made again, its consumer not yet made, the server
-// slow) is not repeated within a second for any forward of that stream.
-// Meanwhile the deliveries are handed back, as on the read.
-func (w *Worker) forwardedIncarnation(cur *broker.Inbox, id string) *broker.Inbox {
+// checkForwardedIncarnation has the identity of inbox stream cur's stream
+// read, for a forwarded delivery of another incarnation than cur, the set's
+// now (or of cur, stale): either the sender's is the older (this worker
+// already took the stream's new incarnation, or found it gone) or this
+// worker's is (it has not noticed yet). The watcher reads it (see
+// inboxAdvisories.recheck) and the set takes a newer incarnation found, as
+// a check of the pull loop would; the sender's next forward of the
+// delivery, handed back meanwhile, then finds it. An older sender's held
+// deliveries come in a burst: the stream is handed over at most once a
+// second for forwards.
+func (w *Worker) checkForwardedIncarnation(cur *broker.Inbox) {
 	if cur == nil {
-		return nil // a stream the inbox map does not name here
+		return // a stream the inbox map does not name here
 	}
 	now := time.Now()
 	w.fwd.mu.Lock()
-	c, ok := w.fwd.checked[cur.Name]
+	if w.fwd.checked == nil {
+		w.fwd.checked = map[string]time.Time{}
+	}
+	asked := now.Before(w.fwd.checked[cur.Name])
+	if !asked {
+		w.fwd.checked[cur.Name] = now.Add(time.Second)
+	}
 	w.fwd.mu.Unlock()
-	if ok && now.Before(c.until) && (c.failed || c.in == cur && c.id == id && !cur.Stale()) {
-		return nil
+	if !asked {
+		w.inboxNotes.recheck(cur.Name)
 	}
-	remember := func(c fwdChecked) {
-		w.fwd.mu.Lock()
-		if w.fwd.checked == nil {
-			w.fwd.checked = map[string]fwdChecked{}
-		}
-		w.fwd.checked[cur.Name] = c
-		w.fwd.mu.Unlock()
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.hardCtx), 5*time.Second)
-	defer cancel()
-	fresh, err := w.inboxes.Reopen(ctx, cur, false)
-	if err != nil {
-		w.log.Warn("check inbox stream of a forwarded delivery", slog.String("stream", cur.Name), slog.Any("error", err))
-		remember(fwdChecked{failed: true, until: time.Now().Add(time.Second)})
-		return nil
-	}
-	if fresh != cur {
-		w.log.Warn("inbox stream made again: reopened", slog.String("stream", cur.Name), slog.String("inbox_id", fresh.ID), slog.String("was", cur.ID))
-	}
-	if fresh.ID != id || fresh.Stale() {
-		remember(fwdChecked{in: fresh, id: id, until: now.Add(time.Second)})
-		return nil
-	}
-	return fresh
 }
 
 // mayHoldLease reports whether this worker may hold the lease of a lane it
@@ -320,21 +301,11 @@ type forwards struct {
 	// gone holds the owner ids a forward to which bounced: owner -> time
 	// until which nothing is forwarded to it.
 	gone sync.Map
-	// checked is, by inbox stream name, the last identity check of a
-	// forwarded delivery's incarnation that did not take it: it found
-	// the delivery's incarnation not current, or it failed
-	// (forwardedIncarnation; guarded by mu). One entry per stream.
-	checked map[string]fwdChecked
-}
-
-// fwdChecked is an identity check that found inbox stream incarnation in
-// current and forwards of incarnation id not, or (failed) one that could
-// not read the stream, remembered until until.
-type fwdChecked struct {
-	in     *broker.Inbox
-	id     string
-	failed bool
-	until  time.Time
+	// checked is, by inbox stream name, until when a forwarded
+	// delivery's incarnation does not hand the stream to the watcher
+	// again (checkForwardedIncarnation; guarded by mu). One entry per
+	// stream.
+	checked map[string]time.Time
 }
 
 type pendingFwd struct {

@@ -1,9 +1,11 @@
 package worker
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,15 +28,16 @@ import (
 //     not current): handed back, not acked as committed;
 //   - from the stream's new incarnation, which the receiver has not noticed
 //     yet (the stream was deleted and made again, seqs from 1): the
-//     receiver reads the stream's identity, takes the new incarnation and
-//     hands the delivery back, rather than ack a new message as committed
-//     in the old stream;
+//     receiver hands the delivery back, rather than ack a new message as
+//     committed in the old stream, and its watcher reads the stream's
+//     identity and takes the new incarnation;
 //   - a forward without the incarnation (a worker that predates it) is
 //     judged by the receiver's view, as before: acked as committed.
 //
-// The receiver runs no pull loop and no identity check (its Run is not
-// started; only its forward subscription is), so nothing but the forward
-// can tell it the stream was made again.
+// The receiver runs no pull loop (its Run is not started; only its forward
+// subscription and its watcher are), and its watcher follows no advisories
+// and checks the streams only every hour, so nothing but the forward can
+// tell it the stream was made again.
 func TestForwardOfAnotherIncarnation(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -56,7 +59,9 @@ func TestForwardOfAnotherIncarnation(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			w, err := New(nc, wjs, wres, Config{ID: "receiver", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 3 * time.Second})
+			cfg := Config{ID: "receiver", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 3 * time.Second}
+			cfg.inboxCheck = inboxCheckConfig{live: time.Hour, poll: time.Hour, noAdvisories: true}
+			w, err := New(nc, wjs, wres, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -64,8 +69,15 @@ func TestForwardOfAnotherIncarnation(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// The subscription is on the server before a forward is
+			// sent from another connection.
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			stopWatch := startWatch(w)
 			t.Cleanup(func() {
 				unsub()
+				stopWatch()
 				w.hardStop()
 				w.wg.Wait()
 				w.ajs.CleanupPublisher()
@@ -131,9 +143,12 @@ func TestForwardOfAnotherIncarnation(t *testing.T) {
 				t.Fatalf("the forwarded delivery was answered %q, want %s", got, tc.want)
 			}
 			if tc.recreate {
-				if cur := w.inboxes.ForLane(lane); cur.ID != newID {
-					t.Errorf("the receiver's incarnation is %s after the forward, want the new %s", cur.ID, newID)
-				}
+				natstest.WaitFor(t, 30*time.Second, "the receiver on the new incarnation", func() error {
+					if cur := w.inboxes.ForLane(lane); cur.ID != newID || cur.Stale() {
+						return fmt.Errorf("the receiver's incarnation is %s (stale %v), want the new %s", cur.ID, cur.Stale(), newID)
+					}
+					return nil
+				})
 			}
 		})
 	}
@@ -178,81 +193,193 @@ func TestForwardNamesItsIncarnation(t *testing.T) {
 	}
 }
 
-// TestForwardIncarnationReadsAtMostOncePerSecond: while the inbox stream
-// is gone (deleted, not yet made again), the identity check of forwarded
-// deliveries of another incarnation fails; a burst of such forwards (a
-// lagging sender's held deliveries) must not cost a read of the stream
-// each, in the forward subscription's callback: the failure is remembered
-// for a second, whatever incarnation the forwards name.
-func TestForwardIncarnationReadsAtMostOncePerSecond(t *testing.T) {
+// startWatch runs w's watcher of its inbox streams (watchInboxes) until
+// the returned stop.
+func startWatch(w *Worker) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); w.watchInboxes(ctx) }()
+	return func() { cancel(); <-done }
+}
+
+// TestForwardIncarnationCheckedAtMostOncePerSecond: a forwarded delivery
+// of another incarnation than the receiver's hands the stream to the
+// watcher, to read its identity; a burst of such forwards (a lagging
+// sender's held deliveries) hands it over once a second, whatever
+// incarnation they name.
+func TestForwardIncarnationCheckedAtMostOncePerSecond(t *testing.T) {
 	t.Parallel()
-	srv, _, js, names, _ := provisionFleet(t, 3*time.Second)
+	_, nc, js, names, res := provisionFleet(t, 3*time.Second)
+	w, err := New(nc, js, res, Config{ID: "receiver", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.ajs.CleanupPublisher)
+	_, lane := chatLane("fwd-burst")
+	cur := w.inboxes.ForLane(lane)
+	handed := func() bool { return w.inboxNotes.takeRechecks()[cur.Name] }
+	w.checkForwardedIncarnation(cur)
+	first := time.Now()
+	if !handed() {
+		t.Fatal("the stream was not handed to the watcher")
+	}
+	calls := 0
+	for ; time.Since(first) < 500*time.Millisecond && calls < 20; calls++ {
+		w.checkForwardedIncarnation(cur)
+		if handed() && time.Since(first) < time.Second {
+			t.Fatalf("forward %d, %v after the first: the stream was handed to the watcher again", calls+2, time.Since(first))
+		}
+	}
+	if calls < 1 {
+		t.Fatal("no forward within half a second of the first: the case was not made")
+	}
+	natstest.WaitFor(t, 30*time.Second, "the stream handed over again a second later", func() error {
+		w.checkForwardedIncarnation(cur)
+		if !handed() {
+			return fmt.Errorf("not handed over")
+		}
+		return nil
+	})
+	if time.Since(first) < time.Second {
+		t.Fatalf("handed over again %v after the first", time.Since(first))
+	}
+}
+
+// heldStreamsJS is a JetStream whose stream reads, once held, wait until
+// released, whatever their context.
+type heldStreamsJS struct {
+	jetstream.JetStream
+	mu      sync.Mutex
+	held    chan struct{} // closed by release; nil while not held
+	reached chan struct{} // a read waits (one value per read)
+}
+
+func (js *heldStreamsJS) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	js.mu.Lock()
+	held := js.held
+	js.mu.Unlock()
+	if held != nil {
+		select {
+		case js.reached <- struct{}{}:
+		default:
+		}
+		<-held
+	}
+	return js.JetStream.Stream(ctx, name)
+}
+
+func (js *heldStreamsJS) hold() (release func()) {
+	ch := make(chan struct{})
+	js.mu.Lock()
+	js.held = ch
+	js.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			js.mu.Lock()
+			js.held = nil
+			js.mu.Unlock()
+			close(ch)
+		})
+	}
+}
+
+// TestForwardOfAnUnknownIncarnationHoldsUpNoOther: a forward naming an
+// incarnation of the inbox stream the receiver does not know is handed
+// back at once, and the stream's identity read elsewhere than in the
+// forward subscription's callback: while that read waits (the server slow
+// to answer), a forward for another lane that follows it is taken and
+// answered.
+func TestForwardOfAnUnknownIncarnationHoldsUpNoOther(t *testing.T) {
+	t.Parallel()
+	srv, _, _, names, res := provisionFleet(t, 3*time.Second)
 	nc := srv.Connect(t)
-	wjs := natstest.JetStream(t, nc)
+	wjs := &heldStreamsJS{JetStream: natstest.JetStream(t, nc), reached: make(chan struct{}, 1)}
 	wres, err := broker.Provision(t.Context(), wjs, broker.ProvisionConfig{Names: names, LeaseTTL: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := New(nc, wjs, wres, Config{ID: "receiver", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 3 * time.Second})
+	cfg := Config{ID: "receiver", Names: names, Backend: echo.Backend(echo.Options{}), LeaseTTL: 3 * time.Second}
+	cfg.inboxCheck = inboxCheckConfig{live: time.Hour, poll: time.Hour, noAdvisories: true}
+	w, err := New(nc, natstest.JetStream(t, nc), wres, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	unsub, err := w.subscribeForwards()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	stopWatch := startWatch(w)
+	release := wjs.hold()
 	t.Cleanup(func() {
+		release()
+		unsub()
+		stopWatch()
 		w.hardStop()
 		w.wg.Wait()
 		w.ajs.CleanupPublisher()
 	})
-	_, lane := chatLane("fwd-burst")
-	cur := w.inboxes.ForLane(lane)
-	if err := js.DeleteStream(t.Context(), names.InboxStream()); err != nil {
-		t.Fatal(err)
-	}
-	// The stream reads the worker makes, as the server sees them.
+
+	// Two lanes whose entries count committed seq 4 in the stream's
+	// incarnation.
+	store := kv.NewStore(res, nil)
 	obs := srv.Connect(t)
-	reads, err := obs.SubscribeSync("$JS.API.STREAM.INFO.>")
-	if err != nil {
-		t.Fatal(err)
+	type fwd struct {
+		lane, key, inbox string
+		acks             *nats.Subscription
+		reply            string
+	}
+	var fwds []*fwd
+	for i, inbox := range []string{"0123456789abcdef0123456789abcdef", res.InboxID} {
+		key, lane := chatLane(fmt.Sprintf("fwd-unknown-%d", i))
+		if _, _, err := store.Mutate(t.Context(), lane, nil, 0, nil, func(*session.SessionEntry) (*session.SessionEntry, error) {
+			return &session.SessionEntry{SessionKey: key, InboxID: res.InboxID, CommittedSeq: 4}, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		f := &fwd{lane: lane, key: key, inbox: inbox,
+			reply: fmt.Sprintf("$JS.ACK.%s.%s.1.1.%d.%d.0", names.InboxStream(), names.WorkersConsumer(), i+1, time.Now().UnixNano())}
+		if f.acks, err = obs.SubscribeSync(f.reply); err != nil {
+			t.Fatal(err)
+		}
+		fwds = append(fwds, f)
 	}
 	if err := obs.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	var first time.Time
-	calls := 0
-	for i := 0; i < 20; i++ {
-		if from := w.forwardedIncarnation(cur, fmt.Sprintf("%032x", i)); from != nil {
-			t.Fatalf("forward %d: taken on incarnation %s of a stream that is gone", i, from.ID)
-		}
-		if i == 0 {
-			first = time.Now()
-		} else if time.Since(first) > 500*time.Millisecond {
-			break // the machine is slow: count only what falls in the second
-		}
-		calls++
-	}
-	if calls < 2 {
-		t.Fatalf("%d forwards within half a second: the case was not made", calls)
-	}
-	// A marker from the worker's connection, after its reads: when it
-	// arrives, they all have.
-	const marker = "$JS.API.STREAM.INFO.no-such-stream-marker"
-	if err := nc.Publish(marker, nil); err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for {
-		m, err := reads.NextMsg(30 * time.Second)
-		if err != nil {
-			t.Fatalf("the marker did not arrive: %v", err)
-		}
-		if m.Subject == marker {
-			break
-		}
-		if m.Subject == "$JS.API.STREAM.INFO."+names.InboxStream() {
-			n++
+	for _, f := range fwds {
+		fm := nats.NewMsg(w.forwardSubject(w.Owner()))
+		fm.Data = []byte(f.reply)
+		fm.Header.Set(hdrFwdLane, f.lane)
+		fm.Header.Set(hdrFwdSubject, names.InboxSubject(session.Partition(names.Prefix(), f.lane), f.lane))
+		fm.Header.Set(broker.HdrSessionKey, f.key)
+		fm.Header.Set(broker.HdrKind, session.KindMessage)
+		fm.Header.Set(hdrFwdInbox, f.inbox)
+		if err := obs.PublishMsg(fm); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if n != 1 {
-		t.Errorf("%d forwards read the stream %d times, want once", calls, n)
+	// The stream's identity is read, and the read waits.
+	select {
+	case <-wjs.reached:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stream's identity was not read for the forward of an unknown incarnation")
+	}
+	for i, want := range []string{"-NAK", "+ACK"} {
+		var got string
+		for got == "" || got == "+WPI" {
+			m, err := fwds[i].acks.NextMsg(30 * time.Second)
+			if err != nil {
+				t.Fatalf("forward %d (incarnation %s): no answer while the stream's read waits: %v", i+1, fwds[i].inbox, err)
+			}
+			got = string(m.Data)
+		}
+		if !strings.HasPrefix(got, want) {
+			t.Fatalf("forward %d (incarnation %s) was answered %q, want %s", i+1, fwds[i].inbox, got, want)
+		}
 	}
 }
 

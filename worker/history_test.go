@@ -26,7 +26,7 @@ func TestTxStateKeepsAgentHistory(t *testing.T) {
 	}
 	st := newTxState("s1", nil, 0)
 	for i, e := range entries {
-		st.add(e)
+		st.add(&e)
 		want := historyOf(transcript.Effective(entries[:i+1]))
 		if got := st.agentHistory(); !reflect.DeepEqual(got, want) {
 			t.Fatalf("after entry %d: history\n%+v\nwant\n%+v", e.Seq, got, want)

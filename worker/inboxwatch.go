@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	mrand "math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -56,8 +57,13 @@ const reopenRetryMax = 5 * time.Second
 // random) after the connection comes back; when the advisories cannot be
 // followed, about every inboxCheckPoll. One stream read per stream each
 // time, and nothing more while nothing changed.
+//
+// The watcher is the one reader that reads a stream again until it is back:
+// the pull loops and the forwards hand it the streams they find gone or in
+// doubt (inboxAdvisories.recheck), and it reads each at once unless it is
+// already reading it again with backoff.
 func (w *Worker) watchInboxes(ctx context.Context) {
-	adv := &inboxAdvisories{due: map[string]bool{}, kick: make(chan struct{}, 1)}
+	adv := w.inboxNotes
 	period := w.cfg.inboxCheck.poll
 	var stopAdv func()
 	var reconnected chan nats.Status
@@ -82,15 +88,20 @@ func (w *Worker) watchInboxes(ctx context.Context) {
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
+	// reconnectedAt is when the connection last came back, until the
+	// check that follows it.
+	var reconnectedAt time.Time
 	for {
 		var due []string
 		select {
 		case <-ctx.Done():
 			return
 		case <-check.C:
-			w.checkAllInboxes(ctx, retryAt)
+			w.checkAllInboxes(ctx, retryAt, reconnectedAt)
+			reconnectedAt = time.Time{}
 			check.Reset(jittered(period))
 		case <-reconnected:
+			reconnectedAt = time.Now()
 			// What the server sent while the connection was down is
 			// lost. And a server it reconnected to may refuse the
 			// subscriptions.
@@ -105,10 +116,19 @@ func (w *Worker) watchInboxes(ctx context.Context) {
 			// The pull loops check their streams' identities before
 			// they take a delivery after a reconnect (pullLoop), so the
 			// wait leaves no delivery of a stream made again taken as
-			// the old one's.
+			// the old one's; this check is for the streams no
+			// delivery came from since (a lane owner reads its stream
+			// by name), and skips those a pull loop's check found
+			// current since (the last reconnect: a read before it
+			// may be older than a making while it was down).
 			check.Reset(mrand.N(reconnectCheckMax))
 		case <-adv.kick:
 			due = w.toReread(adv.take(), retryAt)
+			for name := range adv.takeRechecks() {
+				if retryAt[name] == nil && !slices.Contains(due, name) {
+					due = append(due, name)
+				}
+			}
 		case <-retry.C:
 			now := time.Now()
 			for name, r := range retryAt {
@@ -142,15 +162,50 @@ func jittered(d time.Duration) time.Duration {
 	return d + time.Duration(mrand.Int64N(int64(d/2)+1)) - d/4
 }
 
-// inboxAdvisories are the inbox streams JetStream's advisories told of, not
-// yet read again.
+// inboxAdvisories are the inbox streams JetStream's advisories told of, and
+// those the worker's other readers handed to the watcher (recheck), not yet
+// read again.
 type inboxAdvisories struct {
 	mu sync.Mutex
 	// due has each stream told of, and whether an advisory other than a
 	// change (UPDATED) told of it.
 	due map[string]bool
-	// kick has a value when due has streams.
+	// rechecks has each stream handed over by recheck.
+	rechecks map[string]bool
+	// kick has a value when due or rechecks has streams.
 	kick chan struct{}
+}
+
+func newInboxAdvisories() *inboxAdvisories {
+	return &inboxAdvisories{due: map[string]bool{}, rechecks: map[string]bool{}, kick: make(chan struct{}, 1)}
+}
+
+// recheck hands stream to the watcher (watchInboxes), for a reader that
+// found it gone or in doubt and does not read it again itself: the watcher
+// reads it at once, unless it is reading it again with backoff already
+// (the stream is away), and then until the set has its current
+// incarnation or no longer names it.
+func (a *inboxAdvisories) recheck(stream string) {
+	a.mu.Lock()
+	if a.rechecks == nil {
+		a.rechecks = map[string]bool{}
+	}
+	a.rechecks[stream] = true
+	a.mu.Unlock()
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// takeRechecks returns the streams handed over by recheck, and forgets
+// them.
+func (a *inboxAdvisories) takeRechecks() map[string]bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := a.rechecks
+	a.rechecks = map[string]bool{}
+	return out
 }
 
 // note notes an advisory of stream; updated when it tells of a change.
@@ -316,10 +371,12 @@ type reopenRetry struct {
 }
 
 // reopenStream reads inbox stream name again (InboxSet.Reopen): a stream
-// found made again is marked stale and replaced in the set. Until the set
-// has its current incarnation (the stream is away, or the read failed), it
-// is read again with backoff (retryAt), unless the set no longer names it
-// or another reader took its new incarnation.
+// found made again is marked stale and replaced in the set. Until a read
+// finds the set's incarnation current or takes the current one (the stream
+// is away, or the read failed), it is read again with backoff (retryAt),
+// unless the set no longer names it. An incarnation another reader
+// installed meanwhile is read again too: it may be of a read answered just
+// before the stream was deleted again.
 func (w *Worker) reopenStream(ctx context.Context, name string, retryAt map[string]*reopenRetry) {
 	in := w.inboxes.ByName(name)
 	if in == nil {
@@ -338,9 +395,8 @@ func (w *Worker) reopenStream(ctx context.Context, name string, retryAt map[stri
 		return
 	case ctx.Err() != nil:
 		return
-	case w.inboxes.ByName(name) != in:
-		// The map dropped it, or another reader took its new
-		// incarnation meanwhile.
+	case w.inboxes.ByName(name) == nil:
+		// The map dropped it.
 		delete(retryAt, name)
 		return
 	}
@@ -355,9 +411,14 @@ func (w *Worker) reopenStream(ctx context.Context, name string, retryAt map[stri
 	r.at = time.Now().Add(r.bo.NextBackOff())
 }
 
-// checkAllInboxes reads every inbox stream's identity once (reopenStream).
-func (w *Worker) checkAllInboxes(ctx context.Context, retryAt map[string]*reopenRetry) {
+// checkAllInboxes reads every inbox stream's identity once (reopenStream),
+// but those a read begun at since or later found current (none when since
+// is zero).
+func (w *Worker) checkAllInboxes(ctx context.Context, retryAt map[string]*reopenRetry, since time.Time) {
 	for _, in := range w.inboxes.All() {
+		if !since.IsZero() && !in.Stale() && retryAt[in.Name] == nil && in.CheckedSince(since) {
+			continue
+		}
 		// A stale one too: its pull may not be waiting to hear of it (its
 		// new consumer serves the same name), and Reopen keeps what
 		// another reader installed meanwhile.

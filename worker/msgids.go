@@ -33,14 +33,19 @@ func (l *lane) prefetchMsgIDs(msgs []inboxMsg) msgidClaims {
 			continue
 		}
 		if out == nil {
-			out, first = msgidClaims{}, map[string]*kv.PendingClaim{}
+			out = msgidClaims{}
+			if len(msgs) > 1 { // a step of one message has no copies
+				first = map[string]*kv.PendingClaim{}
+			}
 		}
 		if f := first[id]; f != nil {
 			out[m.seq] = f
 			continue
 		}
 		c := l.w.msgids.ClaimAsync(id, m.ref())
-		first[id] = c
+		if first != nil {
+			first[id] = c
+		}
 		out[m.seq] = c
 	}
 	return out
@@ -51,9 +56,9 @@ func (l *lane) prefetchMsgIDs(msgs []inboxMsg) msgidClaims {
 // when there is one.
 func (l *lane) claimMsgID(m inboxMsg) (kv.MsgRef, error) {
 	if c := l.msgids[m.seq]; c != nil {
-		return c.Wait(context.WithoutCancel(l.ctx))
+		return c.Wait(l.writeCtx())
 	}
-	return l.w.msgids.Claim(context.WithoutCancel(l.ctx), m.body.PlatformMsgID, m.ref())
+	return l.w.msgids.Claim(l.writeCtx(), m.body.PlatformMsgID, m.ref())
 }
 
 // duplicate reports whether m repeats a platform message already

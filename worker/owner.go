@@ -118,6 +118,10 @@ type owner struct {
 	// (kv.ErrLeaseLost, errHardStop, ...).
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	// writes is context.WithoutCancel(ctx), made once per ownership: the
+	// durable writes run to their own timeouts whatever ends ctx (see
+	// writeCtx).
+	writes context.Context
 	// turnStart is the monoBase nanos when the running agent call started,
 	// 0 when none (the renew loop stops renewing for an agent that hangs).
 	turnStart atomic.Int64
@@ -174,6 +178,7 @@ func (o *owner) begin(lease *kv.Lease) (end func(), err error) {
 	o.live.Store(lease.Live)
 	o.renewedAt.Store(int64(lease.Renewed.Sub(monoBase)))
 	o.ctx, o.cancel = context.WithCancelCause(w.hardCtx)
+	o.writes = context.WithoutCancel(o.ctx)
 	// Whatever this worker remembered of another holder is stale now: its
 	// deliveries of the lane must not be forwarded away (see forward.go).
 	w.heldElsewhere.Delete(o.lane)
@@ -274,7 +279,7 @@ func (o *owner) mutate(fn kv.MutateFunc, fenced bool) error {
 	// fnLost tells fn's own refusals (a turn record not the one expected,
 	// an entry ahead of a lease just taken) from the fence's.
 	fnLost := false
-	e, rev, err := o.w.store.Mutate(context.WithoutCancel(o.ctx), o.lane, o.entry, o.rev, fence,
+	e, rev, err := o.w.store.Mutate(o.writeCtx(), o.lane, o.entry, o.rev, fence,
 		func(e *session.SessionEntry) (*session.SessionEntry, error) {
 			ne, err := fn(e)
 			fnLost = errors.Is(err, kv.ErrLeaseLost)
@@ -300,6 +305,15 @@ func (o *owner) mutate(fn kv.MutateFunc, fenced bool) error {
 		o.committed.Store(e.CommittedSeq)
 	}
 	return nil
+}
+
+// writeCtx is the ownership's context without its cancellation, for the
+// durable writes and reads of the lane.
+func (o *owner) writeCtx() context.Context {
+	if o.writes == nil {
+		return context.WithoutCancel(o.ctx) // an owner made without begin (tests)
+	}
+	return o.writes
 }
 
 // append appends e to a transcript as the owner, fenced on its tail: a
@@ -330,7 +344,7 @@ func (o *owner) appendTo(st *txState, e *transcript.Entry) error {
 	var seq uint64
 	var err error
 	for attempt := 0; ; attempt++ {
-		seq, err = o.w.tx.Append(context.WithoutCancel(o.ctx), st.sessionID, st.last, e)
+		seq, err = o.w.tx.Append(o.writeCtx(), st.sessionID, st.last, e)
 		// An unknown outcome is resolved by sending the same entry against
 		// the same tail again (the transcript log compares entry ids).
 		if err == nil || !errors.Is(err, transcript.ErrOutcomeUnknown) || attempt >= 5 || o.checkAlive() != nil {
@@ -342,33 +356,33 @@ func (o *owner) appendTo(st *txState, e *transcript.Entry) error {
 		return err
 	}
 	e.Seq = seq
-	st.add(*e)
+	st.add(e)
 	return nil
 }
 
-// publish publishes msg (a reply or a notice) with Msg-Id id as the lane's
-// owner: not once the lease could have expired. A publish that passed the
-// check late is refused by the stream as a duplicate of the new owner's.
-func (o *owner) publish(msg *nats.Msg, id string) error {
+// publish publishes msg (a reply or a notice, with its Msg-Id header) as the
+// lane's owner: not once the lease could have expired. A publish that passed
+// the check late is refused by the stream as a duplicate of the new owner's.
+func (o *owner) publish(msg *nats.Msg) error {
 	if err := o.checkAlive(); err != nil {
 		return err
 	}
 	pausePoint("reply")
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(o.ctx), 5*time.Second)
+	ctx, cancel := context.WithTimeout(o.writeCtx(), 5*time.Second)
 	defer cancel()
-	_, err := o.w.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id))
+	_, err := o.w.js.PublishMsg(ctx, msg)
 	return err
 }
 
 // publishAsync is publish that returns once msg is sent; the function it
 // returns waits for the PubAck (up to asyncAckTimeout) and gives publish's
 // error.
-func (o *owner) publishAsync(msg *nats.Msg, id string) func() error {
+func (o *owner) publishAsync(msg *nats.Msg) func() error {
 	if err := o.checkAlive(); err != nil {
 		return func() error { return err }
 	}
 	pausePoint("reply")
-	fut, err := o.w.ajs.PublishMsgAsync(msg, jetstream.WithMsgID(id))
+	fut, err := o.w.ajs.PublishMsgAsync(msg)
 	if err != nil {
 		return func() error { return err }
 	}
@@ -588,7 +602,7 @@ func (o *owner) fence(sid string) error {
 		}
 		// The error showed a newer tail (a zombie's late append): reload.
 		delete(o.tx, sid)
-		entries, last, lerr := o.w.tx.Load(context.WithoutCancel(o.ctx), sid)
+		entries, last, lerr := o.w.tx.Load(o.writeCtx(), sid)
 		if lerr != nil {
 			return lerr
 		}
@@ -623,7 +637,7 @@ func (o *owner) txFor(sid string) (*txState, error) {
 	if st := o.tx[sid]; st != nil {
 		return st, nil
 	}
-	ctx := context.WithoutCancel(o.ctx)
+	ctx := o.writeCtx()
 	key := ""
 	if o.entry != nil {
 		key = o.entry.SessionKey

@@ -710,7 +710,7 @@ func (l *lane) publishReplyAs(key string, st *txState, intent *session.TurnInten
 		return err
 	}
 	end := l.traceReply(msg.Header, id, kind)
-	err = l.publish(msg, id)
+	err = l.publish(msg)
 	end(err)
 	if err != nil {
 		l.log.Warn("publish reply", slog.String("id", id), slog.Any("error", err))
@@ -728,7 +728,7 @@ func (l *lane) publishReplyAsync(st *txState, intent *session.TurnIntent, e tran
 		return func() error { return err }
 	}
 	end := l.traceReply(msg.Header, id, kind)
-	wait := l.publishAsync(msg, id)
+	wait := l.publishAsync(msg)
 	return func() error {
 		err := wait()
 		end(err)
@@ -740,7 +740,7 @@ func (l *lane) publishReplyAsync(st *txState, intent *session.TurnIntent, e tran
 }
 
 // replyMsg is the outbox message of a reply or notice derived from a stored
-// transcript entry, with its Msg-Id.
+// transcript entry, with its Msg-Id (also returned) in its header.
 func (l *lane) replyMsg(key string, st *txState, intent *session.TurnIntent, e transcript.Entry, kind string, src session.SessionSource) (*nats.Msg, string, error) {
 	r := session.Reply{
 		ID: st.sessionID + ":" + seqString(e.Seq), SessionKey: key, SessionID: st.sessionID,
@@ -755,10 +755,8 @@ func (l *lane) replyMsg(key string, st *txState, intent *session.TurnIntent, e t
 	if platform == "" {
 		platform = string(session.PlatformHTTP)
 	}
-	msg := nats.NewMsg(l.w.names.OutboxSubject(platform, l.lane))
-	msg.Data = data
-	msg.Header.Set(broker.HdrSessionKey, key)
-	msg.Header.Set(broker.HdrTurnID, intent.ID)
+	msg := broker.NewMsg(l.w.names.OutboxSubject(platform, l.lane), data,
+		broker.HdrSessionKey, key, broker.HdrTurnID, intent.ID, jetstream.MsgIDHeader, r.ID)
 	return msg, r.ID, nil
 }
 

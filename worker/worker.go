@@ -63,6 +63,11 @@ type Worker struct {
 	turns     *turnGate
 	wg        sync.WaitGroup
 
+	// inboxNotes are the inbox streams to read again, for the watcher
+	// (watchInboxes): told of by advisories, or handed over by the pull
+	// loops and forwards (recheck).
+	inboxNotes *inboxAdvisories
+
 	drainCh   chan struct{} // closed when a graceful stop begins
 	hardCtx   context.Context
 	hardStop  context.CancelFunc
@@ -174,6 +179,7 @@ func New(nc *nats.Conn, js jetstream.JetStream, res *broker.Resources, cfg Confi
 		drainCh:   make(chan struct{}),
 		started:   time.Now(),
 	}
+	w.inboxNotes = newInboxAdvisories()
 	w.acquireLease = w.leases.AcquireBound
 	w.pullInbox = func(in *broker.Inbox) (jetstream.MessagesContext, error) {
 		return in.Consumer.Messages(jetstream.PullMaxMessages(4), jetstream.PullExpiry(pullExpiry))
@@ -636,6 +642,12 @@ func (w *Worker) pullLoop(p *puller) {
 				if _, err := w.inboxes.Reopen(context.WithoutCancel(w.hardCtx), p.in, false); err != nil {
 					w.log.Warn("check inbox stream", slog.String("stream", p.in.Name), slog.Any("error", err))
 				}
+				if p.in.Stale() && w.inboxes.ByName(p.in.Name) == p.in {
+					// Gone, and not back yet: the watcher reads it
+					// again until it is (no read here at each
+					// missed heartbeat meanwhile).
+					w.reopenInbox(p.in, p.quit)
+				}
 			}
 			// Never spin on a failing pull: back off briefly.
 			select {
@@ -656,6 +668,11 @@ func (w *Worker) pullLoop(p *puller) {
 			if _, err := w.inboxes.Reopen(context.WithoutCancel(w.hardCtx), p.in, false); err != nil {
 				w.log.Warn("check inbox stream", slog.String("stream", p.in.Name), slog.Any("error", err))
 				_ = msg.NakWithDelay(time.Second)
+				if p.in.Stale() && w.inboxes.ByName(p.in.Name) == p.in {
+					// Gone, and not back yet: no read here at each
+					// delivery meanwhile (see below).
+					w.reopenInbox(p.in, p.quit)
+				}
 				continue
 			}
 			p.reconnects = n
@@ -666,7 +683,8 @@ func (w *Worker) pullLoop(p *puller) {
 			_ = msg.NakWithDelay(time.Second)
 			if cur == p.in {
 				// Known gone, and the set has not the new one yet (a
-				// check found the stream missing): take it now. Run then
+				// check found the stream missing): the watcher reads it
+				// again until it is back, and this loop waits; Run then
 				// replaces this pull.
 				w.reopenInbox(p.in, p.quit)
 			}
@@ -693,32 +711,32 @@ func (w *Worker) pullLoop(p *puller) {
 const awayCheck = 500 * time.Millisecond
 
 // reopenInbox makes the set take the new incarnation of in's stream, whose
-// consumer reported itself deleted: in is marked stale at once, and the
-// stream read again until it is back (provisioning makes it again), the
-// set no longer has in as the stream's (the map dropped it, or another
-// reader reopened it), the worker stops or quit is closed.
+// consumer reported itself deleted or which was found gone: in is marked
+// stale at once, and the stream handed to the watcher (watchInboxes), the
+// one reader that reads it again until it is back (provisioning makes it
+// again); then it waits until the set no longer has in as the stream's (the
+// watcher or another reader took its new incarnation, or the map dropped
+// it), the worker drains or quit is closed. The watcher reads it at once,
+// unless it is reading it again with backoff already (an advisory told it
+// of the deletion).
 func (w *Worker) reopenInbox(in *broker.Inbox, quit <-chan struct{}) {
-	wait := 250 * time.Millisecond
+	in.MarkStale()
+	w.inboxNotes.recheck(in.Name)
+	w.log.Warn("reopen inbox stream", slog.String("stream", in.Name), slog.String("was", in.ID))
 	for {
-		fresh, err := w.inboxes.Reopen(context.WithoutCancel(w.hardCtx), in, true)
-		if err == nil {
-			w.log.Warn("inbox stream reopened", slog.String("stream", in.Name), slog.String("inbox_id", fresh.ID), slog.String("was", in.ID))
+		changed := w.inboxes.Changed()
+		if cur := w.inboxes.ByName(in.Name); cur != in {
+			if cur != nil {
+				w.log.Warn("inbox stream reopened", slog.String("stream", in.Name), slog.String("inbox_id", cur.ID), slog.String("was", in.ID))
+			}
 			return
 		}
-		if w.inboxes.ByName(in.Name) != in {
-			// The map no longer names the stream (a migration removed
-			// it, then deleted it) or another reader took its new
-			// incarnation: nothing to wait for.
-			return
-		}
-		w.log.Warn("reopen inbox stream", slog.String("stream", in.Name), slog.Any("error", err))
 		select {
 		case <-w.drainCh:
 			return
 		case <-quit:
 			return
-		case <-time.After(wait):
+		case <-changed:
 		}
-		wait = min(2*wait, 5*time.Second)
 	}
 }
