@@ -81,9 +81,9 @@ func ConnectWait(ctx context.Context, cfg ConnectConfig, wait time.Duration) (*n
 		// The wait ran out, or the caller's own deadline came first.
 		waited := min(wait, time.Since(start)).Round(100 * time.Millisecond)
 		hint := "raise nats.connect_wait to wait longer"
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if d, ok := ctx.Deadline(); ok && !d.After(deadline) {
 			// Raising connect_wait would change nothing: the caller's
-			// deadline (fleetctl's --timeout) ended the wait.
+			// deadline (fleetctl's --timeout) bounds the wait.
 			hint = "the caller's deadline ended the wait"
 		}
 		return nil, fmt.Errorf("%w at %s after waiting %s (%d attempts; %s): %w",

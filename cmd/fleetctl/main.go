@@ -139,7 +139,7 @@ func dialFor(c *cli.Context, follow bool) (*client, context.Context, context.Can
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}, wait)
 	if err != nil {
 		cancel()
-		if errors.Is(err, broker.ErrNATSUnreachable) && ctx.Err() != nil {
+		if errors.Is(err, broker.ErrNATSUnreachable) && c.Duration("timeout") <= cfg.NATS.ConnectWait.Duration() {
 			err = fmt.Errorf("%w (fleetctl waits for NATS at most --timeout, %s: raise it to wait longer)", err, c.Duration("timeout"))
 		}
 		return nil, nil, nil, err
