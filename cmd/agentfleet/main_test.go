@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -228,5 +230,30 @@ func TestIndexerRefusesADatabaseInUse(t *testing.T) {
 	}
 	if b, err := os.ReadFile(db); err != nil || string(b) != "the other indexer's database" {
 		t.Fatalf("the refused --rebuild touched the database: %q, %v", b, err)
+	}
+}
+
+// TestChatWithoutTheToken: chat against an ingress that wants a token it was
+// not given says the request was refused and how to give the token, not that
+// the fleet cannot be reached.
+func TestChatWithoutTheToken(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = w.Write([]byte(`{"error":"missing bearer token: send Authorization: Bearer <token>"}`))
+	}))
+	defer srv.Close()
+	t.Setenv("AGENTFLEET_HTTP_TOKEN", "")
+	err := newApp().Run([]string{"agentfleet", "chat", "--url", srv.URL})
+	if err == nil {
+		t.Fatal("chat went on without the token")
+	}
+	for _, want := range []string{"refused", "missing bearer token", "--token"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "cannot reach") {
+		t.Errorf("error %q says the fleet cannot be reached", err)
 	}
 }
