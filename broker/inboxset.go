@@ -138,6 +138,15 @@ func (s *InboxSet) Fresh(ctx context.Context, maxAge time.Duration) *InboxSet {
 	return s
 }
 
+// apply makes the set follow map m of revision rev, unless it has that
+// revision or a later one. A stream the set has already (an incarnation,
+// stale or not) is kept as the set has it when apply installs: its readers
+// (Reopen) replace it, and read a stale one again until it is back (in a
+// worker, the watcher); apply does not read it. A stream the set had not
+// is read, and apply fails if it cannot be (Watch tries again). Another
+// apply may have installed one meanwhile: the set keeps that one, marked
+// stale if its identity is not the one this read found (the two reads
+// cannot be ordered; a Reopen reads it again).
 func (s *InboxSet) apply(ctx context.Context, m InboxMap, rev uint64) error {
 	s.mu.RLock()
 	stale := rev <= s.rev
@@ -146,29 +155,43 @@ func (s *InboxSet) apply(ctx context.Context, m InboxMap, rev uint64) error {
 		return nil
 	}
 	opened := map[int]*Inbox{}
-	kept := map[int]bool{}
+	read := map[int]bool{}
 	for i := 0; i < m.Streams; i++ {
 		s.mu.RLock()
 		in := s.streams[i]
 		s.mu.RUnlock()
-		if in == nil || in.Stale() {
+		if in == nil {
 			var err error
 			if in, err = s.open(ctx, i); err != nil {
 				return err
 			}
-		} else {
-			kept[i] = true
+			read[i] = true
 		}
 		opened[i] = in
+	}
+	if testHookApplyRead != nil {
+		testHookApplyRead()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if rev <= s.rev {
 		return nil
 	}
-	for i := range kept {
-		// A stream Reopen replaced meanwhile keeps its newer incarnation.
-		if cur := s.streams[i]; cur != nil && cur != opened[i] {
+	for i, in := range opened {
+		cur := s.streams[i]
+		switch {
+		case cur == nil:
+			// Not in the set (or dropped meanwhile by another apply, of
+			// an older map): this one.
+		case !read[i]:
+			// A stream Reopen replaced meanwhile keeps its newer
+			// incarnation.
+			opened[i] = cur
+		default:
+			// Installed by another apply while this one read it.
+			if cur.ID != in.ID {
+				cur.stale.Store(true)
+			}
 			opened[i] = cur
 		}
 	}
@@ -177,6 +200,10 @@ func (s *InboxSet) apply(ctx context.Context, m InboxMap, rev uint64) error {
 	s.changed = make(chan struct{})
 	return nil
 }
+
+// testHookApplyRead, when set (by a test), runs between apply's reads of
+// the streams and its install.
+var testHookApplyRead func()
 
 func (s *InboxSet) open(ctx context.Context, i int) (*Inbox, error) {
 	in, err := s.openStream(ctx, i)
