@@ -33,25 +33,34 @@ type Inbox struct {
 	Consumer jetstream.Consumer
 	// stale is set when this incarnation is known to be gone or in doubt.
 	stale atomic.Bool
-	// checked is when the latest read of the stream that found this
-	// incarnation current began (UnixNano).
+	// checked is when (Mono) the latest read of the stream that found
+	// this incarnation current began.
 	checked atomic.Int64
 }
 
-// CheckedSince reports whether a read of the stream that began at t or
-// later found this incarnation current (the read that opened it, or a
-// Reopen that kept it).
-func (in *Inbox) CheckedSince(t time.Time) bool { return in.checked.Load() >= t.UnixNano() }
+// CheckedSince reports whether a read of the stream that began at mono
+// (Mono) or later found this incarnation current (the read that opened it,
+// or a Reopen that kept it).
+func (in *Inbox) CheckedSince(mono int64) bool { return in.checked.Load() >= mono }
 
-// noteChecked records that a read begun at start found in current.
-func (in *Inbox) noteChecked(start time.Time) {
+// noteChecked records that a read begun at start (Mono) found in current.
+func (in *Inbox) noteChecked(start int64) {
 	for {
 		old := in.checked.Load()
-		if old >= start.UnixNano() || in.checked.CompareAndSwap(old, start.UnixNano()) {
+		if old >= start || in.checked.CompareAndSwap(old, start) {
 			return
 		}
 	}
 }
+
+// processBase is the base of Mono.
+var processBase = time.Now()
+
+// Mono is the time now on the process's monotonic clock, in nanoseconds
+// since the process started (always > 0). Unlike a wall-clock reading it
+// does not go back when the system clock is set back: of two moments, the
+// later has the greater Mono.
+func Mono() int64 { return max(int64(time.Since(processBase)), 1) }
 
 // Stale reports whether the incarnation is known to be gone or in doubt
 // (its workers consumer was deleted, or the stream found with another
@@ -77,7 +86,8 @@ type InboxSet struct {
 	rev     uint64
 	streams map[int]*Inbox
 	changed chan struct{}
-	// readAt is when the map was last read (Refresh), for Fresh.
+	// readAt is when (Mono) the map was last read (Refresh), for Fresh;
+	// 0: never.
 	readAt atomic.Int64
 }
 
@@ -124,7 +134,7 @@ func (s *InboxSet) Refresh(ctx context.Context) error {
 	if err := s.apply(ctx, m, rev); err != nil {
 		return err
 	}
-	s.readAt.Store(time.Now().UnixNano())
+	s.readAt.Store(Mono())
 	return nil
 }
 
@@ -132,7 +142,7 @@ func (s *InboxSet) Refresh(ctx context.Context) error {
 // process that reads lanes now and then without following the map (Watch).
 // A failed read keeps the map it has.
 func (s *InboxSet) Fresh(ctx context.Context, maxAge time.Duration) *InboxSet {
-	if time.Since(time.Unix(0, s.readAt.Load())) > maxAge {
+	if at := s.readAt.Load(); at == 0 || Mono()-at > int64(maxAge) {
 		_ = s.Refresh(ctx)
 	}
 	return s
@@ -220,7 +230,7 @@ var errNoIdentity = errors.New("no identity metadata; run provisioning")
 // openStream reads inbox stream i and its identity.
 func (s *InboxSet) openStream(ctx context.Context, i int) (*Inbox, error) {
 	name := s.names.InboxStreamAt(i)
-	start := time.Now()
+	start := Mono()
 	st, err := s.js.Stream(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("inbox stream %s: %w", name, err)
@@ -230,7 +240,7 @@ func (s *InboxSet) openStream(ctx context.Context, i int) (*Inbox, error) {
 		return nil, fmt.Errorf("inbox stream %s: %w", name, errNoIdentity)
 	}
 	in := &Inbox{Index: i, Name: name, ID: id, Stream: st}
-	in.checked.Store(start.UnixNano())
+	in.checked.Store(start)
 	return in, nil
 }
 
@@ -313,7 +323,7 @@ func (s *InboxSet) Reopen(ctx context.Context, in *Inbox, gone bool) (*Inbox, er
 		case cur != nil && cur.ID == fresh.ID && !cur.Stale():
 			// Found current (by this read, newer than its install, or
 			// by this read and the installer's alike).
-			cur.noteChecked(time.Unix(0, fresh.checked.Load()))
+			cur.noteChecked(fresh.checked.Load())
 			return cur, nil
 		case cur != before:
 			// Installed (or dropped by the map) while this read ran.
@@ -325,7 +335,7 @@ func (s *InboxSet) Reopen(ctx context.Context, in *Inbox, gone bool) (*Inbox, er
 		case cur == nil:
 			// The map no longer names it (a migration removed it).
 			if fresh.ID == in.ID && !in.Stale() {
-				in.noteChecked(time.Unix(0, fresh.checked.Load()))
+				in.noteChecked(fresh.checked.Load())
 				return in, nil
 			}
 			if err := s.openConsumer(ctx, fresh); err != nil {

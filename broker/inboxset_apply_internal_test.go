@@ -171,3 +171,40 @@ func putMap(t *testing.T, js jetstream.JetStream, n Names, m InboxMap) uint64 {
 	}
 	return rev
 }
+
+// TestCheckedIsMonotonic: the time an Inbox was last found current is the
+// Mono of the read's start (the read that opened it, then a Reopen that
+// kept it): between Mono readings taken before and after the read, whatever
+// the wall clock does, and CheckedSince orders by it.
+func TestCheckedIsMonotonic(t *testing.T) {
+	srv := natstest.RunServer(t)
+	names := MustNames("fleet")
+	admin := natstest.JetStream(t, srv.Connect(t))
+	if _, err := Provision(t.Context(), admin, ProvisionConfig{Names: names, LeaseTTL: 3 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	before := Mono()
+	set, err := OpenInboxes(t.Context(), natstest.JetStream(t, srv.Connect(t)), names, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := Mono()
+	in := set.ForPartition(0)
+	if c := in.checked.Load(); c < before || c > after {
+		t.Fatalf("opened: checked %d, not between the Mono readings %d and %d around the read", c, before, after)
+	}
+	if !in.CheckedSince(before) || in.CheckedSince(after+1) {
+		t.Fatalf("opened: CheckedSince(%d) %v, CheckedSince(%d) %v; want true, false", before, in.CheckedSince(before), after+1, in.CheckedSince(after+1))
+	}
+	before = Mono()
+	if got, err := set.Reopen(t.Context(), in, false); err != nil || got != in {
+		t.Fatalf("Reopen: %v, %v", got, err)
+	}
+	after = Mono()
+	if c := in.checked.Load(); c < before || c > after {
+		t.Fatalf("kept by Reopen: checked %d, not between the Mono readings %d and %d around the read", c, before, after)
+	}
+	if !in.CheckedSince(before) || in.CheckedSince(after+1) {
+		t.Fatalf("kept by Reopen: CheckedSince(%d) %v, CheckedSince(%d) %v; want true, false", before, in.CheckedSince(before), after+1, in.CheckedSince(after+1))
+	}
+}
