@@ -28,7 +28,9 @@ type MigrateOptions struct {
 	DrainTimeout time.Duration
 	// RetryWait bounds how long one step of the migration retries a
 	// JetStream call that failed on a transient error (a leader election,
-	// "JetStream system temporarily unavailable", a timeout; default 1m).
+	// "JetStream system temporarily unavailable", a timeout; default 1m),
+	// counted from its first failure: the work an attempt did before it
+	// failed does not count.
 	// Past it the migration stops with the error, as an interruption
 	// would: running the command again finishes it.
 	RetryWait time.Duration
@@ -118,9 +120,12 @@ var ErrMapChanged = errors.New("the inbox map changed under the migration (anoth
 // messages left in one their partition is not assigned to (see strays),
 // settles what it finds as a migration's last look does (the partition
 // moved again, or ErrInBothStreams), and reports it (Strays). With nothing
-// found that is one stream info request per stream and no map write. Drain
-// markers it sees left in a stream (by a run stopped before it purged them)
-// it purges, as a migration purges every stream's at its end.
+// found that is a read of the map, two stream info requests per stream
+// (see misplaced), one per stream index past the count up to
+// broker.MaxInboxStreams (a look for streams a stopped run left, see
+// leftovers), and no map write. Drain markers it sees left in a stream (by
+// a run stopped before it purged them) it purges, as a migration purges
+// every stream's at its end.
 func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) (rep MigrateReport, err error) {
 	start := time.Now()
 	if o.Batch <= 0 {
@@ -164,8 +169,8 @@ func (f *Fleet) MigrateInbox(ctx context.Context, target int, o MigrateOptions) 
 	if !mg.m.Migrating() && mg.m.Streams == target {
 		// Nothing to move: a look for messages left in streams their
 		// partitions are not assigned to (see strays), answered as a
-		// migration's last look answers them. It costs one stream info
-		// request per stream, and writes the map only when it finds one.
+		// migration's last look answers them. It costs two stream info
+		// requests per stream, and writes the map only when it finds one.
 		if err := mg.lookAll(ctx, &rep); err != nil {
 			return rep, err
 		}
@@ -380,7 +385,7 @@ type migration struct {
 	rev    uint64
 	found  int // partitions strays found in a stream not assigned to them
 	// markers holds the streams the last look (misplaced) saw holding
-	// messages outside their partitions' subjects: drain markers.
+	// messages on their control subject: drain markers.
 	markers map[int]bool
 }
 
@@ -704,28 +709,26 @@ func (mg *migration) lookAll(ctx context.Context, rep *MigrateReport) error {
 
 // misplaced lists, as moves, the open partitions that a stream holds
 // messages of while the map assigns them to another stream, for strays
-// (which confirms each from the stream's leader). One stream info request
-// per stream, with the subjects of the inbox wildcard; the stream's leader
-// answers it but for a group without one, so strays' look can miss a
-// message only a replica that lags has not stored yet. It also notes in
-// mg.markers the streams that hold more messages than those of their
-// inbox subjects: drain markers (on the stream's control subject, the
-// only other one it takes).
+// (which confirms each from the stream's leader). Two requests per stream:
+// its info (binding it), then its info with the subjects under the fleet's
+// prefix and their message counts (the inbox subjects, and the stream's
+// control subject); the stream's leader answers them but for a group
+// without one, so strays' look can miss a message only a replica that lags
+// has not stored yet. It also notes in mg.markers the streams that hold
+// messages on their control subject: drain markers. The subjects and their
+// counts come in one answer, so a publish or a delete of an inbox message
+// meanwhile cannot make a marker seen or missed.
 func (mg *migration) misplaced(ctx context.Context) ([]broker.Move, error) {
 	f := mg.f
 	var out []broker.Move
 	markers := map[int]bool{}
 	for i := 0; i < mg.m.Streams; i++ {
 		name := f.Names.InboxStreamAt(i)
-		_, info, err := mg.streamInfo(ctx, name, f.Names.InboxWildcard())
+		_, info, err := mg.streamInfo(ctx, name, f.Names.Prefix()+".>")
 		if err != nil {
 			return nil, fmt.Errorf("inbox stream %s: %w", name, err)
 		}
-		var n uint64
-		for _, c := range info.State.Subjects {
-			n += c
-		}
-		if info.State.Msgs > n {
+		if info.State.Subjects[f.Names.InboxControlSubject(i)] > 0 {
 			markers[i] = true
 		}
 		var ps []int

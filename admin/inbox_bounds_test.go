@@ -290,6 +290,103 @@ func TestMigrateInboxLeftMarkersPurged(t *testing.T) {
 	}
 }
 
+// TestMigrateInboxLeftMarkerSeenByItsSubject: the run at the fleet's count
+// purges a stream's drain markers when its control subject holds one, and
+// only then, whatever else the stream holds or takes meanwhile. Stream 1
+// holds a marker a stopped run left while lanes keep posting into both
+// streams; stream 0 holds no marker but a message on a subject an operator
+// added to it. The run purges stream 1's markers, sends stream 0 no purge
+// (its message stays), writes no map, and every lane's messages are
+// answered once each, in order.
+func TestMigrateInboxLeftMarkerSeenByItsSubject(t *testing.T) {
+	f := newMigrateFleet(t)
+	ctx := t.Context()
+	o := admin.MigrateOptions{DrainTimeout: 30 * time.Second}
+	if _, err := f.fl.MigrateInbox(ctx, 2, o); err != nil {
+		t.Fatal(err)
+	}
+	_, rev := checkMapSettled(t, f.js, f.names, 2)
+	other, name0 := f.names.Prefix()+".other", f.names.InboxStreamAt(0)
+	st, err := f.js.Stream(ctx, name0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.Subjects = append(cfg.Subjects, other)
+	if _, err := f.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if _, err := f.js.Publish(pctx, other, []byte("not a marker"), jetstream.WithExpectStream(name0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.js.Publish(pctx, f.names.InboxControlSubject(1), []byte("drain marker"), jetstream.WithExpectStream(f.names.InboxStreamAt(1))); err != nil {
+		t.Fatal(err)
+	}
+	ps := startPosters(t, func() jetstream.JetStream { return natstest.JetStream(t, f.srv.Connect(t)) }, f.names, "left", 4)
+	ps.waitPosted(t, 2)
+	// The purge requests the server is sent.
+	mon := f.srv.Connect(t)
+	purges, err := mon.SubscribeSync("$JS.API.STREAM.PURGE.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mon.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	rep, err := f.fl.MigrateInbox(ctx, 2, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Moved != 0 || rep.Strays != 0 {
+		t.Fatalf("the report %+v, want nothing moved or found", rep)
+	}
+	// The server routed each request to mon before it answered it: once
+	// the flush is answered, mon holds them all.
+	if err := mon.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	n, _, err := purges.Pending()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var purged []string
+	for range n {
+		m, err := purges.NextMsg(time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := strings.TrimPrefix(m.Subject, "$JS.API.STREAM.PURGE."); !slices.Contains(purged, s) {
+			purged = append(purged, s)
+		}
+	}
+	if !slices.Equal(purged, []string{f.names.InboxStreamAt(1)}) {
+		t.Fatalf("purge requests to %q, want to %s alone", purged, f.names.InboxStreamAt(1))
+	}
+	if m := f.markers(1); m != 0 {
+		t.Fatalf("stream 1 still holds %d drain markers", m)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(other))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Subjects[other] != 1 {
+		t.Fatalf("stream 0 holds %d messages on %s, want 1", info.State.Subjects[other], other)
+	}
+	cfg.Subjects = slices.DeleteFunc(cfg.Subjects, func(s string) bool { return s == other })
+	if _, err := f.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, rev2 := checkMapSettled(t, f.js, f.names, 2); rev2 != rev {
+		t.Fatalf("the run wrote the map (revision %d to %d)", rev, rev2)
+	}
+	ps.waitPosted(t, 2)
+	ps.stop(t)
+	ps.checkTranscripts(t, f.fl)
+}
+
 // markers counts the messages on inbox stream i's control subject.
 func (f *migrateFleet) markers(i int) uint64 {
 	f.t.Helper()

@@ -19,11 +19,11 @@ import (
 // A migration's steps ride out a brief stall of the cluster (a leader
 // election, a node restarting): a JetStream call that fails with an error
 // broker.Transient accepts is made again, with backoff, for up to
-// MigrateOptions.RetryWait. Only calls that are safe to repeat are retried:
-// reads, stream subject updates (they set the subjects the map gives, the
-// same each time), purges up to a recorded bound, the drain markers (a
-// second marker is one more bound above the close), and the map's
-// compare-and-set write (see update).
+// MigrateOptions.RetryWait after it first failed. Only calls that are safe
+// to repeat are retried: reads, stream subject updates (they set the
+// subjects the map gives, the same each time), purges up to a recorded
+// bound, the drain markers (a second marker is one more bound above the
+// close), and the map's compare-and-set write (see update).
 const (
 	defaultRetryWait = time.Minute
 	// attemptTimeout bounds one attempt of a call: a request lost with a
@@ -39,8 +39,9 @@ const (
 var errInFlight = errors.New("an earlier attempt of the write may still be in flight")
 
 // retry runs call (each attempt bounded by attemptTimeout) until it
-// succeeds, fails with an error that is not transient, or has failed for
-// longer than MigrateOptions.RetryWait; each failure retried is logged.
+// succeeds, fails with an error that is not transient, or fails again
+// longer than MigrateOptions.RetryWait after its first failure; each
+// failure retried is logged.
 // call makes one server call, or a few; a step that makes a call per
 // partition or per lane uses retryEach.
 func retry[T any](ctx context.Context, mg *migration, what string, call func(context.Context) (T, error)) (T, error) {
@@ -61,6 +62,11 @@ func retryAttempts[T any](ctx context.Context, mg *migration, what string, bound
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.MaxInterval = retryInitial, retryMax
 	start := time.Now()
+	// failed is when the first attempt failed: RetryWait bounds the time
+	// spent failing from then on, not the work of the attempt that failed
+	// (a pass of retryEach over many partitions or lanes may legitimately
+	// outlast it before a leader election fails its last call).
+	var failed time.Time
 	attempts := 0
 	v, err := backoff.Retry(ctx, func() (T, error) {
 		attempts++
@@ -71,16 +77,21 @@ func retryAttempts[T any](ctx context.Context, mg *migration, what string, bound
 			defer cancel()
 		}
 		v, err := call(actx)
-		if err != nil && ctx.Err() == nil && (broker.Transient(err) || errors.Is(err, errInFlight)) {
-			return v, err
+		if err == nil {
+			return v, nil
 		}
-		if err != nil {
+		if ctx.Err() != nil || !(broker.Transient(err) || errors.Is(err, errInFlight)) {
 			return v, backoff.Permanent(err)
 		}
-		return v, nil
+		if failed.IsZero() {
+			failed = time.Now()
+		} else if time.Since(failed) > mg.o.RetryWait {
+			return v, backoff.Permanent(err)
+		}
+		return v, err
 	},
 		backoff.WithBackOff(b),
-		backoff.WithMaxElapsedTime(mg.o.RetryWait),
+		backoff.WithMaxElapsedTime(0), // bounded by failed above
 		backoff.WithNotify(func(err error, next time.Duration) {
 			mg.log.Warn(retryingMsg, slog.String("step", what), slog.Int("attempt", attempts),
 				slog.String("retry_in", next.Round(time.Millisecond).String()), slog.Any("error", err))
