@@ -33,25 +33,34 @@ type Inbox struct {
 	Consumer jetstream.Consumer
 	// stale is set when this incarnation is known to be gone or in doubt.
 	stale atomic.Bool
-	// checked is when the latest read of the stream that found this
-	// incarnation current began (UnixNano).
+	// checked is when (Mono) the latest read of the stream that found
+	// this incarnation current began.
 	checked atomic.Int64
 }
 
-// CheckedSince reports whether a read of the stream that began at t or
-// later found this incarnation current (the read that opened it, or a
-// Reopen that kept it).
-func (in *Inbox) CheckedSince(t time.Time) bool { return in.checked.Load() >= t.UnixNano() }
+// CheckedSince reports whether a read of the stream that began at mono
+// (Mono) or later found this incarnation current (the read that opened it,
+// or a Reopen that kept it).
+func (in *Inbox) CheckedSince(mono int64) bool { return in.checked.Load() >= mono }
 
-// noteChecked records that a read begun at start found in current.
-func (in *Inbox) noteChecked(start time.Time) {
+// noteChecked records that a read begun at start (Mono) found in current.
+func (in *Inbox) noteChecked(start int64) {
 	for {
 		old := in.checked.Load()
-		if old >= start.UnixNano() || in.checked.CompareAndSwap(old, start.UnixNano()) {
+		if old >= start || in.checked.CompareAndSwap(old, start) {
 			return
 		}
 	}
 }
+
+// processBase is the base of Mono.
+var processBase = time.Now()
+
+// Mono is the time now on the process's monotonic clock, in nanoseconds
+// since the process started (always > 0). Unlike a wall-clock reading it
+// does not go back when the system clock is set back: of two moments, the
+// later has the greater Mono.
+func Mono() int64 { return max(int64(time.Since(processBase)), 1) }
 
 // Stale reports whether the incarnation is known to be gone or in doubt
 // (its workers consumer was deleted, or the stream found with another
@@ -77,7 +86,8 @@ type InboxSet struct {
 	rev     uint64
 	streams map[int]*Inbox
 	changed chan struct{}
-	// readAt is when the map was last read (Refresh), for Fresh.
+	// readAt is when (Mono) the map was last read (Refresh), for Fresh;
+	// 0: never.
 	readAt atomic.Int64
 }
 
@@ -124,7 +134,7 @@ func (s *InboxSet) Refresh(ctx context.Context) error {
 	if err := s.apply(ctx, m, rev); err != nil {
 		return err
 	}
-	s.readAt.Store(time.Now().UnixNano())
+	s.readAt.Store(Mono())
 	return nil
 }
 
@@ -132,12 +142,21 @@ func (s *InboxSet) Refresh(ctx context.Context) error {
 // process that reads lanes now and then without following the map (Watch).
 // A failed read keeps the map it has.
 func (s *InboxSet) Fresh(ctx context.Context, maxAge time.Duration) *InboxSet {
-	if time.Since(time.Unix(0, s.readAt.Load())) > maxAge {
+	if at := s.readAt.Load(); at == 0 || Mono()-at > int64(maxAge) {
 		_ = s.Refresh(ctx)
 	}
 	return s
 }
 
+// apply makes the set follow map m of revision rev, unless it has that
+// revision or a later one. A stream the set has already (an incarnation,
+// stale or not) is kept as the set has it when apply installs: its readers
+// (Reopen) replace it, and read a stale one again until it is back (in a
+// worker, the watcher); apply does not read it. A stream the set had not
+// is read, and apply fails if it cannot be (Watch tries again). Another
+// apply may have installed one meanwhile: the set keeps that one, marked
+// stale if its identity is not the one this read found (the two reads
+// cannot be ordered; a Reopen reads it again).
 func (s *InboxSet) apply(ctx context.Context, m InboxMap, rev uint64) error {
 	s.mu.RLock()
 	stale := rev <= s.rev
@@ -146,29 +165,43 @@ func (s *InboxSet) apply(ctx context.Context, m InboxMap, rev uint64) error {
 		return nil
 	}
 	opened := map[int]*Inbox{}
-	kept := map[int]bool{}
+	read := map[int]bool{}
 	for i := 0; i < m.Streams; i++ {
 		s.mu.RLock()
 		in := s.streams[i]
 		s.mu.RUnlock()
-		if in == nil || in.Stale() {
+		if in == nil {
 			var err error
 			if in, err = s.open(ctx, i); err != nil {
 				return err
 			}
-		} else {
-			kept[i] = true
+			read[i] = true
 		}
 		opened[i] = in
+	}
+	if testHookApplyRead != nil {
+		testHookApplyRead()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if rev <= s.rev {
 		return nil
 	}
-	for i := range kept {
-		// A stream Reopen replaced meanwhile keeps its newer incarnation.
-		if cur := s.streams[i]; cur != nil && cur != opened[i] {
+	for i, in := range opened {
+		cur := s.streams[i]
+		switch {
+		case cur == nil:
+			// Not in the set (or dropped meanwhile by another apply, of
+			// an older map): this one.
+		case !read[i]:
+			// A stream Reopen replaced meanwhile keeps its newer
+			// incarnation.
+			opened[i] = cur
+		default:
+			// Installed by another apply while this one read it.
+			if cur.ID != in.ID {
+				cur.stale.Store(true)
+			}
 			opened[i] = cur
 		}
 	}
@@ -177,6 +210,10 @@ func (s *InboxSet) apply(ctx context.Context, m InboxMap, rev uint64) error {
 	s.changed = make(chan struct{})
 	return nil
 }
+
+// testHookApplyRead, when set (by a test), runs between apply's reads of
+// the streams and its install.
+var testHookApplyRead func()
 
 func (s *InboxSet) open(ctx context.Context, i int) (*Inbox, error) {
 	in, err := s.openStream(ctx, i)
@@ -193,7 +230,7 @@ var errNoIdentity = errors.New("no identity metadata; run provisioning")
 // openStream reads inbox stream i and its identity.
 func (s *InboxSet) openStream(ctx context.Context, i int) (*Inbox, error) {
 	name := s.names.InboxStreamAt(i)
-	start := time.Now()
+	start := Mono()
 	st, err := s.js.Stream(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("inbox stream %s: %w", name, err)
@@ -203,7 +240,7 @@ func (s *InboxSet) openStream(ctx context.Context, i int) (*Inbox, error) {
 		return nil, fmt.Errorf("inbox stream %s: %w", name, errNoIdentity)
 	}
 	in := &Inbox{Index: i, Name: name, ID: id, Stream: st}
-	in.checked.Store(start.UnixNano())
+	in.checked.Store(start)
 	return in, nil
 }
 
@@ -286,7 +323,7 @@ func (s *InboxSet) Reopen(ctx context.Context, in *Inbox, gone bool) (*Inbox, er
 		case cur != nil && cur.ID == fresh.ID && !cur.Stale():
 			// Found current (by this read, newer than its install, or
 			// by this read and the installer's alike).
-			cur.noteChecked(time.Unix(0, fresh.checked.Load()))
+			cur.noteChecked(fresh.checked.Load())
 			return cur, nil
 		case cur != before:
 			// Installed (or dropped by the map) while this read ran.
@@ -298,7 +335,7 @@ func (s *InboxSet) Reopen(ctx context.Context, in *Inbox, gone bool) (*Inbox, er
 		case cur == nil:
 			// The map no longer names it (a migration removed it).
 			if fresh.ID == in.ID && !in.Stale() {
-				in.noteChecked(time.Unix(0, fresh.checked.Load()))
+				in.noteChecked(fresh.checked.Load())
 				return in, nil
 			}
 			if err := s.openConsumer(ctx, fresh); err != nil {

@@ -290,7 +290,7 @@ func TestReconnectCheckSkipsStreamsCheckedSince(t *testing.T) {
 			}
 		}
 	}
-	reconnected := time.Now()
+	reconnected := broker.Mono()
 	// A pull loop's check after the reconnect.
 	in := w.inboxes.ByName(stream)
 	if got, err := w.inboxes.Reopen(t.Context(), in, false); err != nil || got != in {
@@ -302,11 +302,11 @@ func TestReconnectCheckSkipsStreamsCheckedSince(t *testing.T) {
 	if n := counted(); n != 0 {
 		t.Errorf("the reconnect check read a stream checked since %d times", n)
 	}
-	w.checkAllInboxes(t.Context(), retryAt, time.Time{})
+	w.checkAllInboxes(t.Context(), retryAt, 0)
 	if n := counted(); n != 1 {
 		t.Errorf("the periodic check read the stream %d times, want once", n)
 	}
-	w.checkAllInboxes(t.Context(), retryAt, time.Now())
+	w.checkAllInboxes(t.Context(), retryAt, broker.Mono())
 	if n := counted(); n != 1 {
 		t.Errorf("the reconnect check read a stream not checked since %d times, want once", n)
 	}

@@ -88,9 +88,10 @@ func (w *Worker) watchInboxes(ctx context.Context) {
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
-	// reconnectedAt is when the connection last came back, until the
-	// check that follows it.
-	var reconnectedAt time.Time
+	// reconnectedAt is when (broker.Mono, not a wall-clock reading, which
+	// a clock set back would make earlier than a read before it) the
+	// connection last came back, until the check that follows it; 0: none.
+	var reconnectedAt int64
 	for {
 		var due []string
 		select {
@@ -98,10 +99,10 @@ func (w *Worker) watchInboxes(ctx context.Context) {
 			return
 		case <-check.C:
 			w.checkAllInboxes(ctx, retryAt, reconnectedAt)
-			reconnectedAt = time.Time{}
+			reconnectedAt = 0
 			check.Reset(jittered(period))
 		case <-reconnected:
-			reconnectedAt = time.Now()
+			reconnectedAt = broker.Mono()
 			// What the server sent while the connection was down is
 			// lost. And a server it reconnected to may refuse the
 			// subscriptions.
@@ -412,11 +413,11 @@ func (w *Worker) reopenStream(ctx context.Context, name string, retryAt map[stri
 }
 
 // checkAllInboxes reads every inbox stream's identity once (reopenStream),
-// but those a read begun at since or later found current (none when since
-// is zero).
-func (w *Worker) checkAllInboxes(ctx context.Context, retryAt map[string]*reopenRetry, since time.Time) {
+// but those a read begun at since (broker.Mono) or later found current
+// (none when since is 0).
+func (w *Worker) checkAllInboxes(ctx context.Context, retryAt map[string]*reopenRetry, since int64) {
 	for _, in := range w.inboxes.All() {
-		if !since.IsZero() && !in.Stale() && retryAt[in.Name] == nil && in.CheckedSince(since) {
+		if since != 0 && !in.Stale() && retryAt[in.Name] == nil && in.CheckedSince(since) {
 			continue
 		}
 		// A stale one too: its pull may not be waiting to hear of it (its
