@@ -96,6 +96,24 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("embedded server: %w", err)
 	}
+	lock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("embedded server: %w", err)
+	}
+	s, err := startServer(cfg)
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	go func() {
+		s.WaitForShutdown()
+		lock.Close()
+	}()
+	return s, nil
+}
+
+// startServer is StartServer once the data dir is locked.
+func startServer(cfg ServerConfig) (*server.Server, error) {
 	name := cfg.Name
 	if name == "" {
 		h, _ := os.Hostname()

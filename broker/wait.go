@@ -80,8 +80,14 @@ func ConnectWait(ctx context.Context, cfg ConnectConfig, wait time.Duration) (*n
 	if last != nil && connectRetryable(last) {
 		// The wait ran out, or the caller's own deadline came first.
 		waited := min(wait, time.Since(start)).Round(100 * time.Millisecond)
-		return nil, fmt.Errorf("%w at %s after waiting %s (%d attempts; raise nats.connect_wait to wait longer): %w",
-			ErrNATSUnreachable, where, waited, attempts, last)
+		hint := "raise nats.connect_wait to wait longer"
+		if d, ok := ctx.Deadline(); ok && !d.After(deadline) {
+			// Raising connect_wait would change nothing: the caller's
+			// deadline (fleetctl's --timeout) bounds the wait.
+			hint = "the caller's deadline ended the wait"
+		}
+		return nil, fmt.Errorf("%w at %s after waiting %s (%d attempts; %s): %w",
+			ErrNATSUnreachable, where, waited, attempts, hint, last)
 	}
 	return nil, err
 }

@@ -359,6 +359,10 @@ func (c *chatClient) showHistory(ctx context.Context, n int, start bool) error {
 	var after uint64
 	for {
 		page, err := c.replies(ctx, after, 0)
+		var he *httpError
+		if errors.As(err, &he) && he.status == http.StatusUnauthorized {
+			return fmt.Errorf("the fleet at %s refused the request: %s; give its token with --token, or set http.token (AGENTFLEET_HTTP_TOKEN)", c.base, he.msg)
+		}
 		if err != nil {
 			return fmt.Errorf("cannot reach the fleet at %s: %w", c.base, err)
 		}

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/agentfleet/agentfleet/internal/filelock"
 	"github.com/agentfleet/agentfleet/statedb"
 	"github.com/agentfleet/agentfleet/telemetry"
 )
@@ -26,6 +29,19 @@ func (rt *runtime) startIndexer(ctx context.Context, path string, rebuild bool, 
 	if err != nil {
 		return err
 	}
+	// One indexer per file: a second one would take the same durable
+	// consumers from the first, over and over, and --rebuild would delete
+	// the file under it.
+	lock, err := lockStateDB(path)
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			lock.Close()
+		}
+	}()
 	if rebuild {
 		if err := statedb.RemoveFiles(path); err != nil {
 			return fmt.Errorf("rebuild: %w", err)
@@ -54,6 +70,7 @@ func (rt *runtime) startIndexer(ctx context.Context, path string, rebuild bool, 
 		return err
 	}
 	rt.log.Info("indexer started", slog.String("db", db.Path()))
+	ok = true
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -62,11 +79,30 @@ func (rt *runtime) startIndexer(ctx context.Context, path string, rebuild bool, 
 		if cerr := db.Close(); err == nil {
 			err = cerr
 		}
+		lock.Close()
 		if err != nil {
 			errs <- fmt.Errorf("indexer: %w", err)
 		}
 	}()
 	return nil
+}
+
+// lockStateDB takes the lock <path>.lock of the state database at path,
+// refusing when another indexer holds it.
+func lockStateDB(path string) (*os.File, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("indexer: %w", err)
+	}
+	lp := path + ".lock"
+	f, err := filelock.Lock(lp, 2*time.Second)
+	if errors.Is(err, filelock.ErrLocked) {
+		return nil, fmt.Errorf("indexer: the state database %s is in use by another indexer (%s holds %s): "+
+			"stop it first, or give this one its own file (--db, indexer.db)", path, filelock.Holder(lp), lp)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("indexer: %w", err)
+	}
+	return f, nil
 }
 
 func indexerCommand() *cli.Command {

@@ -32,7 +32,7 @@ func main() {
 }
 
 func newApp() *cli.App {
-	return &cli.App{
+	app := &cli.App{
 		Name:    "agentfleet",
 		Usage:   "the session runtime between chat platforms and LLM agents, on NATS JetStream",
 		Version: version,
@@ -46,6 +46,8 @@ func newApp() *cli.App {
 		},
 		Commands: []*cli.Command{upCommand(), natsCommand(), provisionCommand(), natsPermissionsCommand(), workerCommand(), ingressCommand(), chatCommand(), indexerCommand(), benchCommand(), configCommand(), healthCommand(), cliutil.CompletionCommand()},
 	}
+	cliutil.RefuseUnknownCommands(app)
+	return app
 }
 
 // loadConfig reads the configuration with the precedence flag > env > file >

@@ -3,12 +3,18 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/agentfleet/agentfleet/cmd/internal/cliutil"
+	"github.com/agentfleet/agentfleet/internal/filelock"
+	"github.com/agentfleet/agentfleet/test/natstest"
 )
 
 func TestBadConfigIsRefusedNamingFieldAndValue(t *testing.T) {
@@ -177,5 +183,77 @@ func TestLocalURL(t *testing.T) {
 		if got := localURL(addr); got != want {
 			t.Errorf("localURL(%q) = %q, want %q", addr, got, want)
 		}
+	}
+}
+
+// TestUpHTTPAddressInUse: up on an HTTP address another process listens on
+// says that the address is in use and how to choose another one.
+func TestUpHTTPAddressInUse(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	err = newApp().Run([]string{"agentfleet", "up", "--data", t.TempDir(), "--http", ln.Addr().String()})
+	if err == nil {
+		t.Fatal("up started on an HTTP address in use")
+	}
+	for _, want := range []string{ln.Addr().String(), "in use by another process", "--http"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+}
+
+// TestIndexerRefusesADatabaseInUse: an indexer on the file of a running one
+// (whose lock the test holds) is refused, naming the holder and --db, and its
+// --rebuild does not delete the file under the other one.
+func TestIndexerRefusesADatabaseInUse(t *testing.T) {
+	srv := natstest.RunServer(t)
+	db := filepath.Join(t.TempDir(), "state.db")
+	if err := os.WriteFile(db, []byte("the other indexer's database"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	held, err := filelock.Lock(db+".lock", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	err = newApp().Run([]string{"agentfleet", "indexer", "--db", db, "--rebuild", "--nats-url", srv.URL(), "--nats-wait", "0"})
+	if err == nil {
+		t.Fatal("a second indexer started on a database in use")
+	}
+	for _, want := range []string{db, "in use by another indexer", fmt.Sprintf("process %d", os.Getpid()), "--db"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if b, err := os.ReadFile(db); err != nil || string(b) != "the other indexer's database" {
+		t.Fatalf("the refused --rebuild touched the database: %q, %v", b, err)
+	}
+}
+
+// TestChatWithoutTheToken: chat against an ingress that wants a token it was
+// not given says the request was refused and how to give the token, not that
+// the fleet cannot be reached.
+func TestChatWithoutTheToken(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = w.Write([]byte(`{"error":"missing bearer token: send Authorization: Bearer <token>"}`))
+	}))
+	defer srv.Close()
+	t.Setenv("AGENTFLEET_HTTP_TOKEN", "")
+	err := newApp().Run([]string{"agentfleet", "chat", "--url", srv.URL})
+	if err == nil {
+		t.Fatal("chat went on without the token")
+	}
+	for _, want := range []string{"refused", "missing bearer token", "--token"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "cannot reach") {
+		t.Errorf("error %q says the fleet cannot be reached", err)
 	}
 }

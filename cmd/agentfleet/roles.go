@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -355,6 +356,10 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 	if err != nil {
 		del.Stop()
 		plats.stop()
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("http listen %s: the address is in use by another process (another agentfleet up or ingress?): "+
+				"stop it, or listen elsewhere with --http (http.addr): %w", addr, err)
+		}
 		return nil, fmt.Errorf("http listen %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()

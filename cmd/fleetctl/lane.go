@@ -33,7 +33,7 @@ func laneCommand() *cli.Command {
 						return err
 					}
 					defer done()
-					e, rev, err := cl.store.Get(ctx, lane)
+					e, rev, err := getEntry(ctx, cl, lane, c.Args().First())
 					if err != nil {
 						return err
 					}

@@ -47,7 +47,7 @@ func run(out io.Writer, args []string) error {
 func jsonFlag() cli.Flag { return &cli.BoolFlag{Name: "json", Usage: "print one JSON document"} }
 
 func newApp(out io.Writer) *cli.App {
-	return &cli.App{
+	app := &cli.App{
 		Name:                 "fleetctl",
 		Usage:                "inspect and administer an agentfleet deployment",
 		Version:              version,
@@ -61,6 +61,8 @@ func newApp(out io.Writer) *cli.App {
 			eventsCommand(), streamCommand(), inboxCommand(), topCommand(), configCommand(), deliveryCommand(), searchCommand(), historyCommand(), exportCommand(), statsCommand(),
 			cliutil.CompletionCommand()},
 	}
+	cliutil.RefuseUnknownCommands(app)
+	return app
 }
 
 func loadConfig(c *cli.Context) (config.Config, error) {
@@ -104,6 +106,17 @@ func dialLane(c *cli.Context, usage string) (*client, context.Context, context.C
 	return cl, ctx, done, lane, nil
 }
 
+// getEntry reads the session entry of lane; arg is how the user named it
+// (a key, a lane or a session id), and a missing entry is told in those
+// words rather than as the store's "session <lane>: not found".
+func getEntry(ctx context.Context, cl *client, lane, arg string) (*session.SessionEntry, uint64, error) {
+	e, rev, err := cl.store.Get(ctx, lane)
+	if errors.Is(err, kv.ErrNotFound) {
+		return nil, 0, fmt.Errorf("no session %s in this fleet (fleetctl session ls lists them)", arg)
+	}
+	return e, rev, err
+}
+
 // dialFor connects within --timeout; a command that follows the fleet
 // (follow) then runs until it is done or interrupted, without the timeout.
 func dialFor(c *cli.Context, follow bool) (*client, context.Context, context.CancelFunc, error) {
@@ -126,6 +139,9 @@ func dialFor(c *cli.Context, follow bool) (*client, context.Context, context.Can
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}, wait)
 	if err != nil {
 		cancel()
+		if errors.Is(err, broker.ErrNATSUnreachable) && c.Duration("timeout") <= cfg.NATS.ConnectWait.Duration() {
+			err = fmt.Errorf("%w (fleetctl waits for NATS at most --timeout, %s: raise it to wait longer)", err, c.Duration("timeout"))
+		}
 		return nil, nil, nil, err
 	}
 	js, err := jetstream.New(nc)
@@ -230,7 +246,7 @@ func sessionCommand() *cli.Command {
 						return err
 					}
 					defer done()
-					e, rev, err := cl.store.Get(ctx, lane)
+					e, rev, err := getEntry(ctx, cl, lane, c.Args().First())
 					if err != nil {
 						return err
 					}
@@ -319,9 +335,9 @@ func transcriptCommand() *cli.Command {
 				if strings.Contains(arg, ":") {
 					lane = session.LaneToken(arg)
 				}
-				e, _, err := cl.store.Get(ctx, lane)
+				e, _, err := getEntry(ctx, cl, lane, arg)
 				if err != nil {
-					return fmt.Errorf("session %s: %w", arg, err)
+					return err
 				}
 				sid = e.SessionID
 			}

@@ -152,6 +152,29 @@ func TestTranscriptUnknownSession(t *testing.T) {
 	}
 }
 
+// TestUnknownKeySaysSoInTheUsersWords: session info, lane show and
+// transcript of a key with no session say "no session <key>", as typed,
+// not the store's "session <lane>: not found" (transcript said it twice).
+func TestUnknownKeySaysSoInTheUsersWords(t *testing.T) {
+	srv := natstest.RunServer(t)
+	js := natstest.JetStream(t, srv.Connect(t))
+	if _, err := broker.Provision(t.Context(), js, broker.ProvisionConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NATS_URL", srv.URL())
+	const key = "agent:main:http:dm:nosuch"
+	for _, args := range [][]string{{"session", "info", key}, {"session", "info", key, "--json"}, {"lane", "show", key}, {"transcript", key}, {"transcript", "nosuch"}} {
+		_, err := runCtl(t, args...)
+		want := "no session " + args[len(args)-1]
+		if args[len(args)-1] == "--json" {
+			want = "no session " + key
+		}
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Count(err.Error(), "session") > 2 {
+			t.Errorf("fleetctl %v: error %v, want one mentioning %q", args, err, want)
+		}
+	}
+}
+
 // TestWaitsForNATS: fleetctl started before NATS waits for it (within its
 // --timeout) instead of failing at once; with nothing to wait for it fails
 // with a clear error once --timeout has passed.
@@ -167,6 +190,11 @@ func TestWaitsForNATS(t *testing.T) {
 	_, err = runCtl(t, "--timeout", "1s", "worker", "ls")
 	if err == nil || !strings.Contains(err.Error(), "nats not reachable at nats://127.0.0.1:") {
 		t.Fatalf("no NATS: %v", err)
+	}
+	// What ended the wait is --timeout: the error says to raise that, not
+	// nats.connect_wait (1m already).
+	if !strings.Contains(err.Error(), "raise it to wait longer") || !strings.Contains(err.Error(), "--timeout") || strings.Contains(err.Error(), "connect_wait") {
+		t.Fatalf("no NATS: the error does not point at --timeout: %v", err)
 	}
 
 	// A provisioned store, served later on the port fleetctl tries (so

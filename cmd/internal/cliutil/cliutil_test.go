@@ -98,3 +98,45 @@ func TestCompletionScripts(t *testing.T) {
 		t.Error("completion tcsh accepted")
 	}
 }
+
+// TestUnknownCommandIsAnError: a mistyped command or subcommand is an error
+// naming it and the commands there are, not urfave/cli's "No help topic",
+// and a command group without a subcommand still shows its help.
+func TestUnknownCommandIsAnError(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"prog", "sesion"}, []string{`unknown command "sesion"`, "session", "'prog --help'"}},
+		{[]string{"prog", "session", "inf", "KEY"}, []string{`unknown command "inf"`, "commands: info", "'prog session --help'"}},
+	} {
+		var out bytes.Buffer
+		var got []string
+		app := testApp(&out, &got)
+		RefuseUnknownCommands(app)
+		err := app.Run(Reorder(app, tc.args))
+		if err == nil {
+			t.Fatalf("%v: no error; output %q", tc.args, out.String())
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: error %q does not mention %q", tc.args, err, w)
+			}
+		}
+		if got != nil {
+			t.Errorf("%v: ran a command: %q", tc.args, got)
+		}
+	}
+	for _, args := range [][]string{{"prog"}, {"prog", "session"}} {
+		var out bytes.Buffer
+		var got []string
+		app := testApp(&out, &got)
+		RefuseUnknownCommands(app)
+		if err := app.Run(Reorder(app, args)); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		if !strings.Contains(out.String(), "USAGE") {
+			t.Errorf("%v: no help shown: %q", args, out.String())
+		}
+	}
+}
