@@ -89,6 +89,9 @@ func splitHostPort(addr string) (string, int, error) {
 
 // StartServer starts an embedded nats-server and waits until it accepts
 // connections and, when clustered, until JetStream has a meta leader.
+// While the server runs it holds the lock of its data dir (DataDirLockFile,
+// let go once the server has shut down): a second server on the same dir is
+// refused with ErrDataDirInUse after waiting 2 s for the lock.
 func StartServer(cfg ServerConfig) (*server.Server, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("embedded server: data dir is required")

@@ -97,7 +97,7 @@ func lockStateDB(path string) (*os.File, error) {
 	f, err := filelock.Lock(lp, 2*time.Second)
 	if errors.Is(err, filelock.ErrLocked) {
 		return nil, fmt.Errorf("indexer: the state database %s is in use by another indexer (%s holds %s): "+
-			"stop it first, or give this one its own file (--db, indexer.db)", path, filelock.Holder(lp), lp)
+			"stop it first, or give this one its own file (indexer.db, AGENTFLEET_INDEXER_DB; --db of agentfleet indexer)", path, filelock.Holder(lp), lp)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("indexer: %w", err)

@@ -198,7 +198,7 @@ func TestUpHTTPAddressInUse(t *testing.T) {
 	if err == nil {
 		t.Fatal("up started on an HTTP address in use")
 	}
-	for _, want := range []string{ln.Addr().String(), "in use by another process", "--http"} {
+	for _, want := range []string{ln.Addr().String(), "in use (by another process", "--http"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}

@@ -357,7 +357,7 @@ func (rt *runtime) startIngress(ctx context.Context, addr string, wg *sync.WaitG
 		del.Stop()
 		plats.stop()
 		if errors.Is(err, syscall.EADDRINUSE) {
-			return nil, fmt.Errorf("http listen %s: the address is in use by another process (another agentfleet up or ingress?): "+
+			return nil, fmt.Errorf("http listen %s: the address is in use (by another process, another agentfleet up or ingress?, or by this one's metrics address): "+
 				"stop it, or listen elsewhere with --http (http.addr): %w", addr, err)
 		}
 		return nil, fmt.Errorf("http listen %s: %w", addr, err)

@@ -6,6 +6,7 @@ package filelock
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -15,6 +16,12 @@ import (
 // ErrLocked is returned by Lock when another holder keeps the lock past
 // the wait. Its message names the holder's pid when the file records it.
 var ErrLocked = errors.New("locked")
+
+// lockFile is tryLock, replaced by tests.
+var lockFile = tryLock
+
+// errNoLocks is tryLock's error where the file system takes no locks.
+var errNoLocks = errors.New("file locks are not supported here")
 
 // Lock takes an exclusive lock of the file at path (made if missing),
 // waiting up to wait while another open file holds it, and writes this
@@ -27,7 +34,14 @@ func Lock(path string, wait time.Duration) (*os.File, error) {
 	}
 	deadline := time.Now().Add(wait)
 	for {
-		held, err := tryLock(f)
+		held, err := lockFile(f)
+		if errors.Is(err, errNoLocks) {
+			// Refusing to start where locks cannot be taken would stop
+			// a server that ran there before: go on without the lock.
+			slog.Warn("the file system cannot lock this file; going on without the lock, so nothing refuses a second process on the same files",
+				slog.String("file", path), slog.Any("error", err))
+			break
+		}
 		if err != nil {
 			f.Close()
 			return nil, fmt.Errorf("lock %s: %w", path, err)

@@ -1,9 +1,10 @@
-//go:build unix
+//go:build unix && !solaris && !aix
 
 package filelock
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"syscall"
 )
@@ -14,8 +15,15 @@ import (
 // process exits, however it exits.
 func tryLock(f *os.File) (bool, error) {
 	err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-	if errors.Is(err, syscall.EWOULDBLOCK) {
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, syscall.EWOULDBLOCK):
 		return false, nil
+	case errors.Is(err, syscall.ENOLCK), errors.Is(err, syscall.EOPNOTSUPP), errors.Is(err, syscall.ENOSYS):
+		// A file system without flock (NFS without its lock daemon,
+		// some FUSE mounts): there is no lock to take here.
+		return true, fmt.Errorf("%w: %w", errNoLocks, err)
 	}
-	return err == nil, err
+	return false, err
 }
