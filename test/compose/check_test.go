@@ -147,8 +147,10 @@ type stats struct {
 	// unattributed counts entries after a fence whose turn has no event
 	// under an epoch that high (see checkFences).
 	unattributed int
-	statuses     map[string]int
-	byLane       map[string][]worker.TurnEvent
+	// partials counts the partial replies kept by attempts cut short.
+	partials int
+	statuses map[string]int
+	byLane   map[string][]worker.TurnEvent
 	// violations counts the failed checks by kind: LOST, DUPLICATED, ORDER,
 	// OWNERS.
 	violations map[string]int
@@ -353,6 +355,12 @@ func checkLane(t *testing.T, s *stack, l *lane, evs []worker.TurnEvent, dead [][
 		switch {
 		case x.Kind == transcript.KindTurnEnd:
 			ends[x.TurnID] = append(ends[x.TurnID], x)
+		case x.Kind == transcript.KindMessage && x.Role == transcript.RoleAssistant && x.FinishReason == "interrupted":
+			// The partial reply an attempt cut short kept (its lease lost
+			// mid-stream, say): history, never delivered; the attempt that
+			// resumes the turn writes the reply. A delivered partial shows
+			// as a mailbox text that is not the turn's reply entry.
+			st.partials++
 		case x.Kind == transcript.KindMessage && x.Role == transcript.RoleAssistant && len(x.ToolCalls) == 0 && x.Content != "":
 			replyOf[x.TurnID] = append(replyOf[x.TurnID], x)
 		}
@@ -587,6 +595,7 @@ func report(t *testing.T, s *stack, lanes []*lane, faults []*fault, st stats) {
 	fmt.Fprintf(&b, "faults: %d kills, %d partitions, %d graceful restarts; lease epochs with turns: %d, of which a lane changed workers: %d; resumed attempts: %d; fences: %d; dead letters: %d\n",
 		kills, partitions, restarts, st.epochs, st.takeovers, st.resumed, st.fences, st.deadLettered)
 	fmt.Fprintf(&b, "accepted messages the transcript holds under an earlier inbox seq than their 202 named (first publish stored despite a 503; the retry ran as duplicate): %d\n", st.retried)
+	fmt.Fprintf(&b, "partial replies kept by attempts cut short (not delivered; the resumed attempt replied): %d\n", st.partials)
 	fmt.Fprintf(&b, "entries after a fence whose turn shows no turn event of that epoch or later (events are best effort; not a failure): %d\n", st.unattributed)
 	fmt.Fprintf(&b, "invariants: lost %d (and %d in dead-lettered turns), duplicated %d, order violations %d, overlapping owners %d\n",
 		st.violations["LOST"], st.violations["DEADLETTERED"], st.violations["DUPLICATED"], st.violations["ORDER"], st.violations["OWNERS"])
